@@ -1,0 +1,65 @@
+package raftgroup
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// badgerOptions sizes badger for a machine that hosts 10 to 20 replicas: the
+// defaults (64 MiB memtables x5, 256 MiB block cache, 1 GiB value-log files,
+// 4 compactors) are made for one big DB per machine. Numbers are in
+// docs/engine.md.
+func badgerOptions(dir string, log *slog.Logger) badger.Options {
+	o := badger.DefaultOptions(dir)
+	o.Logger = badgerLogger{log}
+	o.SyncWrites = false // the Ready loop fsyncs once per Ready, explicitly
+	o.DetectConflicts = false
+	o.MemTableSize = 16 << 20 // also bounds one transaction: ~15% of it (2.4 MiB)
+	o.NumMemtables = 2
+	o.NumLevelZeroTables = 4
+	o.NumLevelZeroTablesStall = 10
+	o.BaseTableSize = 4 << 20
+	o.BaseLevelSize = 16 << 20
+	o.BlockCacheSize = 8 << 20
+	o.IndexCacheSize = 4 << 20
+	o.NumCompactors = 2
+	o.ValueLogFileSize = 64 << 20
+	o.ValueThreshold = 64 << 10
+	o.NumGoroutines = 2
+	o.CompactL0OnClose = false
+	return o
+}
+
+type badgerLogger struct{ l *slog.Logger }
+
+func (b badgerLogger) Errorf(f string, a ...any) {
+	b.l.Error(fmt.Sprintf(f, a...), "component", "badger")
+}
+func (b badgerLogger) Warningf(f string, a ...any) {
+	b.l.Warn(fmt.Sprintf(f, a...), "component", "badger")
+}
+func (b badgerLogger) Infof(f string, a ...any) {
+	b.l.Debug(fmt.Sprintf(f, a...), "component", "badger")
+}
+func (b badgerLogger) Debugf(f string, a ...any) {
+	b.l.Debug(fmt.Sprintf(f, a...), "component", "badger")
+}
+
+// raftLogger adapts slog to raft's logger. raft's Info is chatty (every
+// election step); it goes to Debug except for the lines worth keeping.
+type raftLogger struct{ l *slog.Logger }
+
+func (r raftLogger) Debug(v ...any)              { r.l.Debug(fmt.Sprint(v...)) }
+func (r raftLogger) Debugf(f string, v ...any)   { r.l.Debug(fmt.Sprintf(f, v...)) }
+func (r raftLogger) Info(v ...any)               { r.l.Debug(fmt.Sprint(v...)) }
+func (r raftLogger) Infof(f string, v ...any)    { r.l.Debug(fmt.Sprintf(f, v...)) }
+func (r raftLogger) Warning(v ...any)            { r.l.Warn(fmt.Sprint(v...)) }
+func (r raftLogger) Warningf(f string, v ...any) { r.l.Warn(fmt.Sprintf(f, v...)) }
+func (r raftLogger) Error(v ...any)              { r.l.Error(fmt.Sprint(v...)) }
+func (r raftLogger) Errorf(f string, v ...any)   { r.l.Error(fmt.Sprintf(f, v...)) }
+func (r raftLogger) Fatal(v ...any)              { r.l.Error(fmt.Sprint(v...)); panic(fmt.Sprint(v...)) }
+func (r raftLogger) Fatalf(f string, v ...any)   { r.Fatal(fmt.Sprintf(f, v...)) }
+func (r raftLogger) Panic(v ...any)              { r.l.Error(fmt.Sprint(v...)); panic(fmt.Sprint(v...)) }
+func (r raftLogger) Panicf(f string, v ...any)   { r.Panic(fmt.Sprintf(f, v...)) }

@@ -1,0 +1,599 @@
+package raftgroup
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Peer is a member of the group: its replica id and advertised gRPC address.
+type Peer struct {
+	ID   uint64
+	Addr string
+}
+
+// Config configures one replica.
+type Config struct {
+	// GroupID names the Raft group. Every message carries it and replicas
+	// refuse messages for another group, so a recycled address can never
+	// deliver one group's traffic to another.
+	GroupID uint64
+	// ID is this replica's id within the group, >= 1, never reused.
+	ID uint64
+	// Addr is this replica's advertised gRPC address.
+	Addr string
+	// Dir holds all of the replica's state.
+	Dir string
+	// Peers are the initial members, this replica included. They are used
+	// only when Dir is empty and Join is false, to bootstrap a new group.
+	Peers []Peer
+	// Join starts an empty replica that waits to be added to an existing
+	// group (as a learner, by the leader). Peers, if given, are only used as
+	// addresses to reach.
+	Join bool
+
+	// TickInterval is Raft's logical clock tick. Default 100ms.
+	TickInterval time.Duration
+	// ElectionTicks (default 10) and HeartbeatTicks (default 1).
+	ElectionTicks, HeartbeatTicks int
+	// SnapshotEntries: take a snapshot marker and compact the log every so
+	// many applied entries. Default 10000.
+	SnapshotEntries uint64
+	// TrailingEntries kept in the log after compaction, so a follower that is
+	// slightly behind catches up from the log, not a snapshot. Default 5000.
+	TrailingEntries uint64
+	// MaxCommandBytes bounds one proposed command. Default 1 MiB.
+	MaxCommandBytes int
+
+	// Filter, if set, sees every outgoing message. Tests use it to drop,
+	// delay, duplicate and reorder messages and to partition replicas.
+	Filter Filter
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Filter decides the fate of one outgoing Raft message (fault injection).
+type Filter interface {
+	// Outgoing returns how many copies to deliver (0 drops it) and after
+	// what delay.
+	Outgoing(from, to uint64, m *pb.Message) (copies int, delay time.Duration)
+}
+
+func (c *Config) setDefaults() error {
+	if c.ID == 0 {
+		return errors.New("raftgroup: replica id must be >= 1")
+	}
+	if c.Dir == "" {
+		return errors.New("raftgroup: data dir is required")
+	}
+	if c.TickInterval == 0 {
+		c.TickInterval = 100 * time.Millisecond
+	}
+	if c.ElectionTicks == 0 {
+		c.ElectionTicks = 10
+	}
+	if c.HeartbeatTicks == 0 {
+		c.HeartbeatTicks = 1
+	}
+	if c.SnapshotEntries == 0 {
+		c.SnapshotEntries = 10000
+	}
+	if c.TrailingEntries == 0 {
+		c.TrailingEntries = 5000
+	}
+	if c.MaxCommandBytes == 0 {
+		c.MaxCommandBytes = 1 << 20
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Replica is one member of a Raft group: the Ready loop, its storage, its
+// state machine and its transport.
+type Replica struct {
+	cfg   Config
+	log   *slog.Logger
+	db    *badger.DB
+	store *logStorage
+	sm    StateMachine
+	node  raft.Node
+	trans *transport
+
+	// Owned by the Ready loop.
+	confState   *pb.ConfState
+	smApplied   uint64 // the state machine's applied index
+	lastTime    time.Time
+	raftApplied uint64 // last index raft handed us (committed entries or snapshot)
+	spool       spool
+
+	applied   atomic.Uint64 // max(raft applied, smApplied): reads wait on it
+	leader    atomic.Uint64
+	term      atomic.Uint64
+	commit    atomic.Uint64
+	stateType atomic.Int32 // raft.StateType
+	removed   atomic.Bool
+
+	membersMu sync.RWMutex
+	members   map[uint64]string // id -> advertised address
+	conf      *pb.ConfState     // copy of confState for readers
+
+	props   *proposals
+	reads   *readBatcher
+	applyW  *indexWaiter
+	confMu  sync.Mutex // one membership change at a time from this replica
+	metrics Counters
+
+	stopc   chan struct{}
+	donec   chan struct{}
+	stopErr error
+	closeMu sync.Mutex
+	closed  bool
+}
+
+// Counters are cumulative, process-lifetime counters.
+type Counters struct {
+	Proposals, ProposalsFailed, Fsyncs, ReadIndexRounds, ReadIndexReads atomic.Uint64
+	SnapshotsSent, SnapshotsReceived, MessagesDropped, AppliedEntries   atomic.Uint64
+}
+
+// Open starts a replica on cfg.Dir: a new group member (bootstrapping or
+// joining) if the dir is empty, else it resumes from its log and state.
+func Open(cfg Config, sm StateMachine) (*Replica, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o750); err != nil {
+		return nil, fmt.Errorf("raftgroup: data dir: %w", err)
+	}
+	log := cfg.Logger.With("group", cfg.GroupID, "replica", cfg.ID)
+	db, err := badger.Open(badgerOptions(filepath.Join(cfg.Dir, "db"), log))
+	if err != nil {
+		return nil, fmt.Errorf("raftgroup: open badger in %s: %w", cfg.Dir, err)
+	}
+	r := &Replica{
+		cfg: cfg, log: log, db: db, sm: sm,
+		members: map[uint64]string{},
+		stopc:   make(chan struct{}),
+		donec:   make(chan struct{}),
+		applyW:  newIndexWaiter(),
+	}
+	r.props = newProposals()
+	if err := r.init(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	r.reads = newReadBatcher(r)
+	r.trans = newTransport(r)
+	go r.run()
+	go r.reads.run()
+	return r, nil
+}
+
+func (r *Replica) init() error {
+	if err := r.checkIdentity(); err != nil {
+		return err
+	}
+	store, err := openLogStorage(r.db)
+	if err != nil {
+		return err
+	}
+	store.syncs = func() { r.metrics.Fsyncs.Add(1) }
+	r.store = store
+	fresh := store.isEmpty()
+
+	applied, err := r.sm.Open(r.db)
+	if err != nil {
+		return fmt.Errorf("raftgroup: open state machine: %w", err)
+	}
+	r.smApplied = applied
+	if err := r.finishPendingRestore(); err != nil {
+		return err
+	}
+	if err := r.loadMembers(); err != nil {
+		return err
+	}
+	for _, p := range r.cfg.Peers {
+		if _, ok := r.members[p.ID]; !ok && p.Addr != "" {
+			r.members[p.ID] = p.Addr
+		}
+	}
+	if r.cfg.Addr != "" {
+		r.members[r.cfg.ID] = r.cfg.Addr
+	}
+
+	snap, _ := store.Snapshot()
+	r.confState = proto.Clone(snap.GetMetadata().GetConfState()).(*pb.ConfState)
+	r.conf = proto.Clone(r.confState).(*pb.ConfState)
+	rc := &raft.Config{
+		ID:                        r.cfg.ID,
+		ElectionTick:              r.cfg.ElectionTicks,
+		HeartbeatTick:             r.cfg.HeartbeatTicks,
+		Storage:                   store,
+		Applied:                   snap.GetMetadata().GetIndex(),
+		MaxSizePerMsg:             1 << 20,
+		MaxCommittedSizePerReady:  8 << 20,
+		MaxUncommittedEntriesSize: 64 << 20,
+		MaxInflightMsgs:           256,
+		CheckQuorum:               true,
+		PreVote:                   true,
+		ReadOnlyOption:            raft.ReadOnlySafe,
+		DisableProposalForwarding: true,
+		StepDownOnRemoval:         true,
+		Logger:                    raftLogger{r.log},
+	}
+	r.raftApplied = snap.GetMetadata().GetIndex()
+	r.applied.Store(max(r.raftApplied, r.smApplied))
+	switch {
+	case fresh && !r.cfg.Join:
+		if len(r.cfg.Peers) == 0 {
+			return errors.New("raftgroup: empty data dir: give the initial peers to bootstrap, or Join an existing group")
+		}
+		var peers []raft.Peer
+		found := false
+		for _, p := range r.cfg.Peers {
+			if p.ID == 0 {
+				return errors.New("raftgroup: peer id 0 is invalid")
+			}
+			found = found || p.ID == r.cfg.ID
+			peers = append(peers, raft.Peer{ID: p.ID, Context: []byte(p.Addr)})
+		}
+		if !found {
+			return fmt.Errorf("raftgroup: replica %d is not among the initial peers", r.cfg.ID)
+		}
+		r.log.Info("bootstrapping new group", "peers", len(peers))
+		r.node = raft.StartNode(rc, peers)
+	default:
+		if fresh {
+			r.log.Info("starting empty, waiting to be added to the group")
+		}
+		r.node = raft.RestartNode(rc)
+	}
+	return nil
+}
+
+// checkIdentity refuses a data dir that belongs to another group or replica:
+// reusing another member's state under a new id would corrupt both.
+func (r *Replica) checkIdentity() error {
+	want := make([]byte, 16)
+	binary.BigEndian.PutUint64(want, r.cfg.GroupID)
+	binary.BigEndian.PutUint64(want[8:], r.cfg.ID)
+	return r.db.Update(func(txn *badger.Txn) error {
+		item, err := txn.Get(keyIdentity)
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return txn.Set(keyIdentity, want)
+		}
+		if err != nil {
+			return err
+		}
+		got, err := item.ValueCopy(nil)
+		if err != nil {
+			return err
+		}
+		if len(got) == 16 && string(got) != string(want) {
+			return fmt.Errorf("raftgroup: data dir %s belongs to group %d replica %d, not group %d replica %d",
+				r.cfg.Dir, binary.BigEndian.Uint64(got), binary.BigEndian.Uint64(got[8:]), r.cfg.GroupID, r.cfg.ID)
+		}
+		return nil
+	})
+}
+
+func (r *Replica) loadMembers() error {
+	return r.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefixMember, PrefetchValues: true})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			id := binary.BigEndian.Uint64(it.Item().Key()[len(prefixMember):])
+			v, err := it.Item().ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			r.members[id] = string(v)
+		}
+		return nil
+	})
+}
+
+// run is the Ready loop: persist, send, apply, advance.
+func (r *Replica) run() {
+	defer close(r.donec)
+	ticker := time.NewTicker(r.cfg.TickInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ticker.C:
+			r.node.Tick()
+		case rd := <-r.node.Ready():
+			if err := r.handleReady(rd); err != nil {
+				r.fail(err)
+				return
+			}
+			r.node.Advance()
+		case <-r.stopc:
+			return
+		}
+	}
+}
+
+func (r *Replica) fail(err error) {
+	r.log.Error("replica stopped on a fatal error", "err", err)
+	r.stopErr = err
+	r.props.failAll(outcomeUnknown("replica failed: %v", err))
+}
+
+func (r *Replica) handleReady(rd raft.Ready) error {
+	if rd.SoftState != nil {
+		r.leader.Store(rd.SoftState.Lead)
+		r.stateType.Store(int32(rd.SoftState.RaftState))
+	}
+	if rd.HardState != nil && !raft.IsEmptyHardState(rd.HardState) {
+		r.term.Store(rd.HardState.GetTerm())
+		r.commit.Store(rd.HardState.GetCommit())
+	}
+
+	// 1. Persist: snapshot first, then hard state and entries, one fsync.
+	if rd.Snapshot != nil && !raft.IsEmptySnap(rd.Snapshot) {
+		if err := r.installSnapshot(rd.Snapshot); err != nil {
+			return fmt.Errorf("install snapshot: %w", err)
+		}
+	}
+	if err := r.store.save(rd.HardState, rd.Entries, rd.MustSync); err != nil {
+		return err
+	}
+	r.props.noteAppended(rd.Entries)
+
+	// 2. Send, now that our own copy is durable.
+	r.trans.send(rd.Messages)
+
+	// 3. Hand read states to the read batcher.
+	for _, rs := range rd.ReadStates {
+		r.reads.readState(rs)
+	}
+
+	// 4. Apply.
+	if err := r.apply(rd.CommittedEntries); err != nil {
+		return err
+	}
+	return r.maybeCompact()
+}
+
+// apply hands committed entries to the state machine and membership changes
+// to raft, then resolves the proposals they answer.
+func (r *Replica) apply(ents []*pb.Entry) error {
+	if len(ents) == 0 {
+		return nil
+	}
+	batch := make([]Entry, 0, len(ents))
+	var ids []proposalID
+	for _, e := range ents {
+		ent := Entry{Index: e.GetIndex(), Term: e.GetTerm()}
+		var id proposalID
+		switch e.GetType() {
+		case pb.EntryNormal:
+			if h, cmd, ok := decodeHeader(e.GetData()); ok {
+				id, ent.Cmd, ent.Time = h.id, cmd, h.time
+			}
+		case pb.EntryConfChange, pb.EntryConfChangeV2:
+			var err error
+			if id, err = r.applyConfChange(e); err != nil {
+				return err
+			}
+		}
+		if ent.Time.Before(r.lastTime) || ent.Time.IsZero() {
+			ent.Time = r.lastTime
+		}
+		r.lastTime = ent.Time
+		if ent.Index <= r.smApplied {
+			// Already in the state machine (replay after restart, or covered
+			// by a restored snapshot). Its result is gone; only tell the
+			// proposer, if any, that it did execute.
+			r.props.resolveApplied(ent.Index, ent.Term, id, nil, true)
+			continue
+		}
+		batch = append(batch, ent)
+		ids = append(ids, id)
+	}
+	if len(batch) > 0 {
+		if err := r.sm.Apply(batch); err != nil {
+			return fmt.Errorf("state machine apply [%d,%d]: %w", batch[0].Index, batch[len(batch)-1].Index, err)
+		}
+		r.smApplied = batch[len(batch)-1].Index
+		r.metrics.AppliedEntries.Add(uint64(len(batch)))
+		for i := range batch {
+			r.props.resolveApplied(batch[i].Index, batch[i].Term, ids[i], batch[i].Result, false)
+		}
+	}
+	last := ents[len(ents)-1].GetIndex()
+	r.raftApplied = last
+	r.applied.Store(max(last, r.smApplied))
+	r.applyW.advance(r.applied.Load())
+	return nil
+}
+
+func (r *Replica) applyConfChange(e *pb.Entry) (proposalID, error) {
+	var cc pb.ConfChangeI
+	var ctxData []byte
+	if e.GetType() == pb.EntryConfChange {
+		var c pb.ConfChange
+		if err := proto.Unmarshal(e.GetData(), &c); err != nil {
+			return proposalID{}, err
+		}
+		cc, ctxData = &c, c.GetContext()
+	} else {
+		var c pb.ConfChangeV2
+		if err := proto.Unmarshal(e.GetData(), &c); err != nil {
+			return proposalID{}, err
+		}
+		cc, ctxData = &c, c.GetContext()
+	}
+	var id proposalID
+	addr := string(ctxData) // bootstrap entries carry just the address
+	if h, rest, ok := decodeHeader(ctxData); ok {
+		id, addr = h.id, string(rest)
+	}
+	r.confState = r.node.ApplyConfChange(cc)
+	v2 := cc.AsV2()
+	wb := r.db.NewWriteBatch()
+	defer wb.Cancel()
+	r.membersMu.Lock()
+	for _, ch := range v2.GetChanges() {
+		nid := ch.GetNodeId()
+		switch ch.GetType() {
+		case pb.ConfChangeAddNode, pb.ConfChangeAddLearnerNode:
+			if addr != "" {
+				r.members[nid] = addr
+				if err := wb.Set(memberKey(nid), []byte(addr)); err != nil {
+					r.membersMu.Unlock()
+					return id, err
+				}
+			}
+		case pb.ConfChangeRemoveNode:
+			delete(r.members, nid)
+			if err := wb.Delete(memberKey(nid)); err != nil {
+				r.membersMu.Unlock()
+				return id, err
+			}
+			if nid == r.cfg.ID {
+				r.removed.Store(true)
+				r.log.Warn("this replica was removed from the group")
+			}
+			r.trans.removePeer(nid)
+		}
+	}
+	r.conf = proto.Clone(r.confState).(*pb.ConfState)
+	r.membersMu.Unlock()
+	if slices.Contains(r.confState.GetVoters(), r.cfg.ID) || slices.Contains(r.confState.GetLearners(), r.cfg.ID) {
+		r.removed.Store(false)
+	}
+	return id, wb.Flush()
+}
+
+// maybeCompact takes a snapshot marker and trims the log once enough entries
+// were applied since the last one.
+func (r *Replica) maybeCompact() error {
+	applied := r.raftApplied
+	snapIdx := r.store.snapshotIndex()
+	if applied < snapIdx+r.cfg.SnapshotEntries {
+		return nil
+	}
+	last, _ := r.store.LastIndex()
+	applied = min(applied, last)
+	term, err := r.store.Term(applied)
+	if err != nil {
+		return nil // compacted meanwhile by a received snapshot
+	}
+	// The state machine's writes up to applied must be durable before the
+	// log that could replay them goes away.
+	if err := r.db.Sync(); err != nil {
+		return err
+	}
+	r.metrics.Fsyncs.Add(1)
+	meta := &pb.SnapshotMetadata{Index: proto.Uint64(applied), Term: proto.Uint64(term), ConfState: proto.Clone(r.confState).(*pb.ConfState)}
+	if err := r.store.setSnapshot(meta); err != nil {
+		return err
+	}
+	if applied > r.cfg.TrailingEntries {
+		if err := r.store.compact(applied - r.cfg.TrailingEntries); err != nil {
+			return err
+		}
+	}
+	r.log.Debug("log compacted", "snapshot_index", applied)
+	return nil
+}
+
+// Close stops the replica. It does not transfer leadership: a caller that
+// wants a graceful handover calls TransferLeadership first.
+func (r *Replica) Close() error {
+	r.closeMu.Lock()
+	if r.closed {
+		r.closeMu.Unlock()
+		return nil
+	}
+	r.closed = true
+	r.closeMu.Unlock()
+	close(r.stopc)
+	<-r.donec
+	r.node.Stop()
+	r.trans.stop()
+	r.reads.stop()
+	r.props.failAll(outcomeUnknown("replica stopped"))
+	return r.db.Close()
+}
+
+// Err returns the fatal error that stopped the replica, if any.
+func (r *Replica) Err() error {
+	select {
+	case <-r.donec:
+		return r.stopErr
+	default:
+		return nil
+	}
+}
+
+// DB returns the replica's badger DB (shared with the state machine).
+func (r *Replica) DB() *badger.DB { return r.db }
+
+// ID returns this replica's id.
+func (r *Replica) ID() uint64 { return r.cfg.ID }
+
+// Leader returns the current leader's id and address, 0 and "" if unknown.
+func (r *Replica) Leader() (uint64, string) {
+	l := r.leader.Load()
+	if l == 0 {
+		return 0, ""
+	}
+	return l, r.memberAddr(l)
+}
+
+// IsLeader reports whether this replica currently believes it leads.
+func (r *Replica) IsLeader() bool {
+	return raft.StateType(r.stateType.Load()) == raft.StateLeader
+}
+
+// Term is the current Raft term.
+func (r *Replica) Term() uint64 { return r.term.Load() }
+
+// AppliedIndex is the highest index whose effects are in the state machine.
+func (r *Replica) AppliedIndex() uint64 { return r.applied.Load() }
+
+func (r *Replica) memberAddr(id uint64) string {
+	r.membersMu.RLock()
+	defer r.membersMu.RUnlock()
+	return r.members[id]
+}
+
+func (r *Replica) notLeader() error {
+	id, addr := r.Leader()
+	if id == r.cfg.ID {
+		id, addr = 0, ""
+	}
+	return &NotLeaderError{Leader: id, Addr: addr}
+}
+
+// WaitApplied blocks until the applied index reaches index.
+func (r *Replica) WaitApplied(ctx context.Context, index uint64) error {
+	return r.applyW.wait(ctx, index, r.donec)
+}
+
+func randomUint64() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return binary.BigEndian.Uint64(b[:])
+}

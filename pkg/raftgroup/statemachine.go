@@ -1,0 +1,69 @@
+package raftgroup
+
+import (
+	"io"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+)
+
+// Entry is one committed log entry as a state machine sees it.
+type Entry struct {
+	Index uint64
+	Term  uint64
+	// Time is the proposing leader's wall clock when it proposed the entry.
+	// It is part of the log, so every replica sees the same value: use it for
+	// anything time-based (TTLs, session expiry) to stay deterministic. It is
+	// not monotonic across leader changes; clamp to the previous value if you
+	// need that.
+	Time time.Time
+	// Cmd is the proposed command. It is nil for entries that carry none
+	// (Raft no-ops at elections, membership changes); those only advance the
+	// applied index.
+	Cmd []byte
+	// Result is set by Apply and handed back to the proposer, if it waits on
+	// this replica. It never leaves the process.
+	Result any
+}
+
+// StateMachine is what a replicated service implements. The engine calls it
+// from a single goroutine, in log order, except Snapshot (see there).
+//
+// The state machine's data lives in the replica's own badger DB, next to the
+// Raft log (see docs/engine.md for why): keys starting with byte 0x00 belong to
+// the engine, all others to the state machine.
+type StateMachine interface {
+	// Open is called once with the replica's DB, before any other method. It
+	// returns the index of the last entry whose effects are stored.
+	Open(db *badger.DB) (applied uint64, err error)
+
+	// Apply applies committed entries in order. It must be deterministic: the
+	// same entries on the same state give the same state on every replica.
+	// It must store the index of the last entry atomically with the state
+	// changes (in the same badger transaction), so a restart neither applies
+	// an entry twice nor loses one. It need not fsync: the engine's next
+	// durable write, and a sync before every log compaction, cover it. An
+	// error is fatal for the replica.
+	Apply(entries []Entry) error
+
+	// Snapshot returns a consistent point-in-time view of the whole state,
+	// typically a badger read transaction. It may be called from another
+	// goroutine while Apply runs; the view must not change under it.
+	Snapshot() (Snapshot, error)
+
+	// Restore replaces the entire state with the one read from r, as written
+	// by Snapshot.WriteTo, and returns its applied index. It must stream: the
+	// state may be far larger than memory. It may be called again with the
+	// same input after a crash part-way through, so it must start by clearing
+	// whatever state exists.
+	Restore(r io.Reader) (applied uint64, err error)
+}
+
+// Snapshot is a consistent, point-in-time view of a state machine.
+type Snapshot interface {
+	// Index is the applied index the view reflects.
+	Index() uint64
+	// WriteTo streams the view. It must not hold the state in memory at once.
+	WriteTo(w io.Writer) (int64, error)
+	Close()
+}

@@ -1,0 +1,415 @@
+package raftgroup
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/dgraph-io/badger/v4"
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Keys owned by the engine. They all start with 0x00; a state machine owns
+// every key that does not.
+var (
+	keyHardState = []byte("\x00raft/hardstate")
+	keySnapshot  = []byte("\x00raft/snapshot")  // latest snapshot marker (metadata only)
+	keyCompacted = []byte("\x00raft/compacted") // index/term of the last entry deleted from the log
+	keyRestore   = []byte("\x00raft/restore")   // a snapshot restore in progress
+	keyIdentity  = []byte("\x00raft/identity")
+	prefixLog    = []byte("\x00raft/log/")
+	prefixMember = []byte("\x00raft/member/")
+)
+
+// EngineKeyPrefix is the first byte of every key the engine owns.
+const EngineKeyPrefix = 0x00
+
+func logKey(i uint64) []byte {
+	k := make([]byte, len(prefixLog)+8)
+	copy(k, prefixLog)
+	binary.BigEndian.PutUint64(k[len(prefixLog):], i)
+	return k
+}
+
+func memberKey(id uint64) []byte {
+	k := make([]byte, len(prefixMember)+8)
+	copy(k, prefixMember)
+	binary.BigEndian.PutUint64(k[len(prefixMember):], id)
+	return k
+}
+
+// logStorage implements raft.Storage on badger. Writes happen only from the
+// Ready loop; raft's goroutine reads concurrently, hence the lock.
+//
+// A small in-memory tail of recent entries serves the leader's reads when it
+// replicates to followers, so the hot path rarely touches badger.
+type logStorage struct {
+	db *badger.DB
+
+	mu        sync.RWMutex
+	hard      *pb.HardState
+	snap      *pb.Snapshot // marker: metadata only, Data is empty
+	compacted struct{ index, term uint64 }
+	last      uint64
+	tail      []*pb.Entry // contiguous, ends at last; may be empty
+	tailBytes int
+
+	syncs func() // called after every fsync, for counters
+}
+
+const maxTailBytes = 8 << 20
+
+type indexTerm struct{ Index, Term uint64 }
+
+func openLogStorage(db *badger.DB) (*logStorage, error) {
+	s := &logStorage{db: db, hard: &pb.HardState{}, snap: emptySnapshot(), syncs: func() {}}
+	err := db.View(func(txn *badger.Txn) error {
+		if err := getProto(txn, keyHardState, s.hard); err != nil {
+			return err
+		}
+		if err := getProto(txn, keySnapshot, s.snap); err != nil {
+			return err
+		}
+		var c pb.Entry // reuse Entry's Index/Term fields for the compaction point
+		if err := getProto(txn, keyCompacted, &c); err != nil {
+			return err
+		}
+		s.compacted.index, s.compacted.term = c.GetIndex(), c.GetTerm()
+		s.last = s.compacted.index
+		it := txn.NewIterator(badger.IteratorOptions{Reverse: true, Prefix: prefixLog})
+		defer it.Close()
+		it.Seek(logKey(^uint64(0)))
+		if it.ValidForPrefix(prefixLog) {
+			s.last = binary.BigEndian.Uint64(it.Item().Key()[len(prefixLog):])
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load raft log state: %w", err)
+	}
+	return s, nil
+}
+
+func emptySnapshot() *pb.Snapshot {
+	return &pb.Snapshot{Metadata: &pb.SnapshotMetadata{ConfState: &pb.ConfState{}, Index: proto.Uint64(0), Term: proto.Uint64(0)}}
+}
+
+func getProto(txn *badger.Txn, key []byte, m proto.Message) error {
+	item, err := txn.Get(key)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return item.Value(func(v []byte) error { return proto.Unmarshal(v, m) })
+}
+
+func mustMarshal(m proto.Message) []byte {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		panic(fmt.Sprintf("marshal %T: %v", m, err))
+	}
+	return b
+}
+
+// isEmpty reports whether nothing was ever persisted (a brand new replica).
+func (s *logStorage) isEmpty() bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.last == 0 && s.snap.GetMetadata().GetIndex() == 0 && raft.IsEmptyHardState(s.hard)
+}
+
+func (s *logStorage) InitialState() (*pb.HardState, *pb.ConfState, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return proto.Clone(s.hard).(*pb.HardState), proto.Clone(s.snap.GetMetadata().GetConfState()).(*pb.ConfState), nil
+}
+
+func (s *logStorage) FirstIndex() (uint64, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.compacted.index + 1, nil
+}
+
+func (s *logStorage) LastIndex() (uint64, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.last, nil
+}
+
+func (s *logStorage) Snapshot() (*pb.Snapshot, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return proto.Clone(s.snap).(*pb.Snapshot), nil
+}
+
+func (s *logStorage) snapshotIndex() uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.snap.GetMetadata().GetIndex()
+}
+
+func (s *logStorage) tailFirst() uint64 {
+	if len(s.tail) == 0 {
+		return s.last + 1
+	}
+	return s.tail[0].GetIndex()
+}
+
+func (s *logStorage) Term(i uint64) (uint64, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if i == s.compacted.index {
+		return s.compacted.term, nil
+	}
+	if i < s.compacted.index {
+		return 0, raft.ErrCompacted
+	}
+	if i > s.last {
+		return 0, raft.ErrUnavailable
+	}
+	if tf := s.tailFirst(); i >= tf {
+		return s.tail[i-tf].GetTerm(), nil
+	}
+	var e pb.Entry
+	err := s.db.View(func(txn *badger.Txn) error { return getProto(txn, logKey(i), &e) })
+	if err != nil {
+		return 0, err
+	}
+	if e.GetIndex() != i {
+		return 0, fmt.Errorf("raft log: entry %d missing", i)
+	}
+	return e.GetTerm(), nil
+}
+
+func (s *logStorage) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if lo <= s.compacted.index {
+		return nil, raft.ErrCompacted
+	}
+	if hi > s.last+1 {
+		return nil, fmt.Errorf("raft log: entries [%d,%d) past last index %d", lo, hi, s.last)
+	}
+	var out []*pb.Entry
+	var size uint64
+	add := func(e *pb.Entry) bool {
+		size += uint64(proto.Size(e))
+		if len(out) > 0 && size > maxSize {
+			return false
+		}
+		out = append(out, e)
+		return true
+	}
+	if tf := s.tailFirst(); lo >= tf {
+		for i := lo; i < hi; i++ {
+			if !add(s.tail[i-tf]) {
+				break
+			}
+		}
+		return out, nil
+	}
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: true, PrefetchSize: 64, Prefix: prefixLog})
+		defer it.Close()
+		for it.Seek(logKey(lo)); it.ValidForPrefix(prefixLog); it.Next() {
+			var e pb.Entry
+			if err := it.Item().Value(func(v []byte) error { return proto.Unmarshal(v, &e) }); err != nil {
+				return err
+			}
+			if e.GetIndex() >= hi {
+				break
+			}
+			if e.GetIndex() != lo+uint64(len(out)) {
+				return fmt.Errorf("raft log: gap at %d", lo+uint64(len(out)))
+			}
+			if !add(&e) {
+				break
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(out) == 0 && lo < hi {
+		return nil, raft.ErrUnavailable
+	}
+	return out, nil
+}
+
+// save persists one Ready's hard state and entries in one write batch, then
+// fsyncs once if sync is set. This is the engine's durability point: nothing
+// from this Ready is sent or applied before it returns.
+func (s *logStorage) save(hs *pb.HardState, ents []*pb.Entry, sync bool) error {
+	if (hs == nil || raft.IsEmptyHardState(hs)) && len(ents) == 0 {
+		return nil
+	}
+	wb := s.db.NewWriteBatch()
+	defer wb.Cancel()
+	// The hard state goes first: a batch split by badger keeps a prefix on a
+	// crash, and entries of a term must never be durable without that term.
+	if hs != nil && !raft.IsEmptyHardState(hs) {
+		if err := wb.Set(keyHardState, mustMarshal(hs)); err != nil {
+			return err
+		}
+	}
+	s.mu.RLock()
+	oldLast := s.last
+	s.mu.RUnlock()
+	var newLast uint64
+	if len(ents) > 0 {
+		for _, e := range ents {
+			if err := wb.Set(logKey(e.GetIndex()), mustMarshal(e)); err != nil {
+				return err
+			}
+		}
+		newLast = ents[len(ents)-1].GetIndex()
+		// A new leader may overwrite a conflicting suffix that is longer than
+		// what it sends now: delete the rest.
+		for i := newLast + 1; i <= oldLast; i++ {
+			if err := wb.Delete(logKey(i)); err != nil {
+				return err
+			}
+		}
+	}
+	if err := wb.Flush(); err != nil {
+		return fmt.Errorf("raft log write: %w", err)
+	}
+	if sync {
+		if err := s.db.Sync(); err != nil {
+			return fmt.Errorf("raft log fsync: %w", err)
+		}
+		s.syncs()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if hs != nil && !raft.IsEmptyHardState(hs) {
+		s.hard = proto.Clone(hs).(*pb.HardState)
+	}
+	if len(ents) > 0 {
+		first := ents[0].GetIndex()
+		if tf := s.tailFirst(); first >= tf && first <= s.last+1 {
+			for _, e := range s.tail[first-tf:] {
+				s.tailBytes -= proto.Size(e)
+			}
+			s.tail = s.tail[:first-tf]
+		} else {
+			s.tail, s.tailBytes = nil, 0
+		}
+		for _, e := range ents {
+			s.tail = append(s.tail, e)
+			s.tailBytes += proto.Size(e)
+		}
+		s.last = newLast
+		for s.tailBytes > maxTailBytes && len(s.tail) > 1 {
+			s.tailBytes -= proto.Size(s.tail[0])
+			s.tail[0] = nil
+			s.tail = s.tail[1:]
+		}
+	}
+	return nil
+}
+
+// setSnapshot records a new snapshot marker; the state machine must already
+// hold (durably) every entry up to its index.
+func (s *logStorage) setSnapshot(meta *pb.SnapshotMetadata) error {
+	snap := &pb.Snapshot{Metadata: proto.Clone(meta).(*pb.SnapshotMetadata)}
+	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Set(keySnapshot, mustMarshal(snap)) }); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.snap = snap
+	s.mu.Unlock()
+	return nil
+}
+
+// compact deletes log entries up to and including index. The deletes are
+// chunked so they never stall other writers (badger's DropPrefix would).
+func (s *logStorage) compact(index uint64) error {
+	s.mu.RLock()
+	from := s.compacted.index + 1
+	if index <= s.compacted.index {
+		s.mu.RUnlock()
+		return nil
+	}
+	if index > s.last {
+		s.mu.RUnlock()
+		return fmt.Errorf("compact %d past last index %d", index, s.last)
+	}
+	s.mu.RUnlock()
+	term, err := s.Term(index)
+	if err != nil {
+		return err
+	}
+	wb := s.db.NewWriteBatch()
+	defer wb.Cancel()
+	if err := wb.Set(keyCompacted, mustMarshal(&pb.Entry{Index: proto.Uint64(index), Term: proto.Uint64(term)})); err != nil {
+		return err
+	}
+	for i := from; i <= index; i++ {
+		if err := wb.Delete(logKey(i)); err != nil {
+			return err
+		}
+	}
+	if err := wb.Flush(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.compacted.index, s.compacted.term = index, term
+	for len(s.tail) > 0 && s.tail[0].GetIndex() <= index {
+		s.tailBytes -= proto.Size(s.tail[0])
+		s.tail[0] = nil
+		s.tail = s.tail[1:]
+	}
+	return nil
+}
+
+// applySnapshot replaces the whole log by a received snapshot: the log is
+// emptied and starts after the snapshot's index. Must be durable before the
+// Ready that carried the snapshot is acknowledged.
+func (s *logStorage) applySnapshot(snap *pb.Snapshot) error {
+	meta := snap.GetMetadata()
+	s.mu.RLock()
+	from, to := s.compacted.index+1, s.last
+	s.mu.RUnlock()
+	wb := s.db.NewWriteBatch()
+	defer wb.Cancel()
+	marker := &pb.Snapshot{Metadata: proto.Clone(meta).(*pb.SnapshotMetadata)}
+	if err := wb.Set(keySnapshot, mustMarshal(marker)); err != nil {
+		return err
+	}
+	if err := wb.Set(keyCompacted, mustMarshal(&pb.Entry{Index: proto.Uint64(meta.GetIndex()), Term: proto.Uint64(meta.GetTerm())})); err != nil {
+		return err
+	}
+	for i := from; i <= to; i++ {
+		if err := wb.Delete(logKey(i)); err != nil {
+			return err
+		}
+	}
+	if err := wb.Delete(keyRestore); err != nil {
+		return err
+	}
+	if err := wb.Flush(); err != nil {
+		return err
+	}
+	if err := s.db.Sync(); err != nil {
+		return err
+	}
+	s.syncs()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.snap = marker
+	s.compacted.index, s.compacted.term = meta.GetIndex(), meta.GetTerm()
+	s.last = meta.GetIndex()
+	s.tail, s.tailBytes = nil, 0
+	if s.hard.GetCommit() < meta.GetIndex() {
+		s.hard.Commit = proto.Uint64(meta.GetIndex())
+	}
+	return nil
+}
