@@ -72,6 +72,17 @@ func (r *Replica) changeMembership(ctx context.Context, typ pb.ConfChangeType, i
 	if err := r.WaitApplied(ctx, last); err != nil {
 		return notExecuted("waiting for pending entries to apply: %v", err)
 	}
+	// raft's own applied index moves only when the Ready loop calls Advance,
+	// just after we see the entries applied; raft checks that one.
+	for r.node.Status().Applied < last {
+		select {
+		case <-ctx.Done():
+			return notExecuted("waiting for raft to acknowledge applied entries: %v", ctx.Err())
+		case <-r.donec:
+			return notExecuted("%v", ErrStopped)
+		case <-time.After(time.Millisecond):
+		}
+	}
 	r.membersMu.RLock()
 	cs := proto.Clone(r.conf).(*pb.ConfState)
 	r.membersMu.RUnlock()

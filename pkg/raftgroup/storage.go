@@ -62,7 +62,6 @@ type logStorage struct {
 
 const maxTailBytes = 8 << 20
 
-type indexTerm struct{ Index, Term uint64 }
 
 func openLogStorage(db *badger.DB) (*logStorage, error) {
 	s := &logStorage{db: db, hard: &pb.HardState{}, snap: emptySnapshot(), syncs: func() {}}
@@ -395,6 +394,20 @@ func (s *logStorage) applySnapshot(snap *pb.Snapshot) error {
 	if err := wb.Delete(keyRestore); err != nil {
 		return err
 	}
+	// raft refuses to start with a commit index below the snapshot's, so the
+	// hard state moves with the snapshot in the same batch.
+	s.mu.RLock()
+	hs := proto.Clone(s.hard).(*pb.HardState)
+	s.mu.RUnlock()
+	if hs.GetCommit() < meta.GetIndex() {
+		hs.Commit = proto.Uint64(meta.GetIndex())
+	}
+	if hs.GetTerm() < meta.GetTerm() {
+		hs.Term = proto.Uint64(meta.GetTerm())
+	}
+	if err := wb.Set(keyHardState, mustMarshal(hs)); err != nil {
+		return err
+	}
 	if err := wb.Flush(); err != nil {
 		return err
 	}
@@ -404,12 +417,10 @@ func (s *logStorage) applySnapshot(snap *pb.Snapshot) error {
 	s.syncs()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.hard = hs
 	s.snap = marker
 	s.compacted.index, s.compacted.term = meta.GetIndex(), meta.GetTerm()
 	s.last = meta.GetIndex()
 	s.tail, s.tailBytes = nil, 0
-	if s.hard.GetCommit() < meta.GetIndex() {
-		s.hard.Commit = proto.Uint64(meta.GetIndex())
-	}
 	return nil
 }
