@@ -1,0 +1,283 @@
+package ctrler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+)
+
+// ServerConfig sets what the controller is created with. Shards and
+// Placement only matter when the cluster is first initialised; afterwards
+// the replicated state wins.
+type ServerConfig struct {
+	Shards    int
+	Placement string
+	// CompactEvery is how often the leader considers dropping history that
+	// no group needs any more. Default 10s.
+	CompactEvery time.Duration
+	Logger       *slog.Logger
+}
+
+// Server serves the Controller gRPC API on one controller replica.
+type Server struct {
+	shardkvpb.UnimplementedControllerServer
+	cfg ServerConfig
+	r   *raftgroup.Replica
+	sm  *StateMachine
+	log *slog.Logger
+
+	mu      sync.Mutex
+	reports map[uint64]report // soft state: only meaningful on the leader
+
+	stopc chan struct{}
+	wg    sync.WaitGroup
+}
+
+type report struct {
+	r  *shardkvpb.GroupReport
+	at time.Time
+}
+
+// NewServer starts the controller's background work (initialisation when
+// this replica leads a new cluster, history compaction) and returns the
+// service. Call Stop before closing the replica.
+func NewServer(cfg ServerConfig, r *raftgroup.Replica, sm *StateMachine) *Server {
+	if cfg.CompactEvery == 0 {
+		cfg.CompactEvery = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, r: r, sm: sm, log: cfg.Logger, reports: map[uint64]report{}, stopc: make(chan struct{})}
+	s.wg.Add(1)
+	go s.background()
+	return s
+}
+
+// Register adds the Controller service to g.
+func (s *Server) Register(g *grpc.Server) { shardkvpb.RegisterControllerServer(g, s) }
+
+// Stop ends background work.
+func (s *Server) Stop() {
+	close(s.stopc)
+	s.wg.Wait()
+}
+
+func (s *Server) background() {
+	defer s.wg.Done()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	lastCompact := time.Now()
+	for {
+		select {
+		case <-s.stopc:
+			return
+		case <-tick.C:
+		}
+		if !s.r.IsLeader() {
+			continue
+		}
+		if !s.sm.Initialized() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err := s.propose(ctx, &Command{Op: OpInit, Shards: s.cfg.Shards, Placement: s.cfg.Placement})
+			cancel()
+			if err != nil {
+				s.log.Warn("initialising the cluster", "err", err)
+			}
+			continue
+		}
+		if time.Since(lastCompact) >= s.cfg.CompactEvery {
+			lastCompact = time.Now()
+			s.maybeCompact()
+		}
+	}
+}
+
+// maybeCompact drops configs below the lowest one any group still needs.
+// Groups step one config at a time, so a group that reported having applied
+// config n needs nothing older. Every group present in any kept config must
+// have reported, or nothing is dropped.
+func (s *Server) maybeCompact() {
+	oldest, latest := s.sm.Bounds()
+	need := latest
+	s.mu.Lock()
+	reports := make(map[uint64]uint64, len(s.reports))
+	for gid, rp := range s.reports {
+		reports[gid] = rp.r.ConfigNum
+	}
+	s.mu.Unlock()
+	for n := oldest; n <= latest; n++ {
+		c, err := s.sm.Config(int64(n))
+		if err != nil {
+			return
+		}
+		for _, g := range c.Groups {
+			got, ok := reports[g.Gid]
+			if !ok {
+				return
+			}
+			need = min(need, got)
+		}
+	}
+	// Always propose: the same command also expires idle client sessions.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := s.propose(ctx, &Command{Op: OpCompact, Below: need}); err != nil {
+		s.log.Debug("compaction proposal failed", "err", err)
+	}
+}
+
+func (s *Server) propose(ctx context.Context, cmd *Command) (*shardkvpb.Config, error) {
+	b, err := json.Marshal(cmd)
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.r.Propose(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	res, _ := v.(Result)
+	if res.Err != nil {
+		return res.Config, res.Err
+	}
+	return res.Config, nil
+}
+
+// grpcErr maps controller and engine errors to wire errors.
+func grpcErr(err error) error {
+	var ie *InputError
+	if errors.As(err, &ie) {
+		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonInvalid, ie.Msg, nil)
+	}
+	if errors.Is(err, ErrNotInitialized) {
+		return shardkvpb.Error(codes.Unavailable, shardkvpb.ReasonNotExecuted, err.Error(), nil)
+	}
+	if errors.Is(err, ErrCompacted) {
+		return shardkvpb.Error(codes.OutOfRange, shardkvpb.ReasonInvalid, err.Error(), nil)
+	}
+	return raftgroup.GRPCError(err)
+}
+
+func (s *Server) mutate(ctx context.Context, cmd *Command) (*shardkvpb.ConfigReply, error) {
+	c, err := s.propose(ctx, cmd)
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	return &shardkvpb.ConfigReply{Config: c}, nil
+}
+
+func (s *Server) Join(ctx context.Context, req *shardkvpb.JoinRequest) (*shardkvpb.ConfigReply, error) {
+	return s.mutate(ctx, &Command{Op: OpJoin, ClientID: req.ClientId, Seq: req.Seq, Groups: req.Groups})
+}
+
+func (s *Server) Leave(ctx context.Context, req *shardkvpb.LeaveRequest) (*shardkvpb.ConfigReply, error) {
+	return s.mutate(ctx, &Command{Op: OpLeave, ClientID: req.ClientId, Seq: req.Seq, GIDs: req.Gids})
+}
+
+func (s *Server) Move(ctx context.Context, req *shardkvpb.MoveRequest) (*shardkvpb.ConfigReply, error) {
+	return s.mutate(ctx, &Command{Op: OpMove, ClientID: req.ClientId, Seq: req.Seq, Shard: int(req.Shard), GID: req.Gid})
+}
+
+func (s *Server) Unpin(ctx context.Context, req *shardkvpb.UnpinRequest) (*shardkvpb.ConfigReply, error) {
+	return s.mutate(ctx, &Command{Op: OpUnpin, ClientID: req.ClientId, Seq: req.Seq, Shard: int(req.Shard)})
+}
+
+func (s *Server) Query(ctx context.Context, req *shardkvpb.QueryRequest) (*shardkvpb.Config, error) {
+	if err := s.r.ReadIndex(ctx); err != nil {
+		return nil, grpcErr(err)
+	}
+	c, err := s.sm.Config(req.Num)
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	return c, nil
+}
+
+// Watch streams configs from req.From on. It starts with a linearizable read,
+// so the first configs sent are at least as new as any completed mutation.
+func (s *Server) Watch(req *shardkvpb.WatchRequest, stream shardkvpb.Controller_WatchServer) error {
+	ctx := stream.Context()
+	if err := s.r.ReadIndex(ctx); err != nil {
+		return grpcErr(err)
+	}
+	next := req.From
+	for {
+		changed := s.sm.Changed()
+		oldest, latest := s.sm.Bounds()
+		if s.sm.Initialized() {
+			if next < oldest {
+				next = oldest // the client missed compacted configs; it gets the oldest kept
+			}
+			for ; next <= latest; next++ {
+				c, err := s.sm.Config(int64(next))
+				if err != nil {
+					return grpcErr(err)
+				}
+				if err := stream.Send(c); err != nil {
+					return err
+				}
+			}
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil
+		case <-s.stopc:
+			return shardkvpb.Error(codes.Unavailable, shardkvpb.ReasonNotExecuted, "controller replica shutting down", nil)
+		}
+	}
+}
+
+func (s *Server) leaderOnly() error {
+	if !s.r.IsLeader() {
+		id, addr := s.r.Leader()
+		return shardkvpb.NotLeaderError("group reports and status are kept by the controller leader", id, addr)
+	}
+	return nil
+}
+
+func (s *Server) Report(ctx context.Context, req *shardkvpb.GroupReport) (*shardkvpb.ReportReply, error) {
+	if err := s.leaderOnly(); err != nil {
+		return nil, err
+	}
+	if req.Gid == 0 {
+		return nil, shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonInvalid, "report: gid 0", nil)
+	}
+	s.mu.Lock()
+	s.reports[req.Gid] = report{r: proto.Clone(req).(*shardkvpb.GroupReport), at: time.Now()}
+	s.mu.Unlock()
+	_, latest := s.sm.Bounds()
+	return &shardkvpb.ReportReply{LatestConfig: latest}, nil
+}
+
+func (s *Server) Status(ctx context.Context, _ *shardkvpb.ClusterStatusRequest) (*shardkvpb.ClusterStatus, error) {
+	if err := s.leaderOnly(); err != nil {
+		return nil, err
+	}
+	if err := s.r.ReadIndex(ctx); err != nil {
+		return nil, grpcErr(err)
+	}
+	latest, err := s.sm.Config(-1)
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	oldest, _ := s.sm.Bounds()
+	out := &shardkvpb.ClusterStatus{Latest: latest, Controller: s.r.StatusProto(), Nshards: uint32(s.sm.Shards()), OldestConfig: oldest}
+	s.mu.Lock()
+	for _, rp := range s.reports {
+		out.Groups = append(out.Groups, &shardkvpb.GroupStatus{Report: rp.r, AgeMs: time.Since(rp.at).Milliseconds()})
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out.Groups, func(a, b *shardkvpb.GroupStatus) int { return cmpU64(a.Report.Gid, b.Report.Gid) })
+	return out, nil
+}
