@@ -129,9 +129,17 @@ func (r *Replica) TransferLeadership(ctx context.Context, to uint64) error {
 	r.node.TransferLeadership(ctx, r.cfg.ID, to)
 	tick := time.NewTicker(r.cfg.TickInterval / 2)
 	defer tick.Stop()
+	// raft abandons a transfer after an election timeout (for example when
+	// the target was briefly behind); ask again while we still lead.
+	retry := time.Duration(r.cfg.ElectionTicks+1) * r.cfg.TickInterval
+	issued := time.Now()
 	for {
 		if r.leader.Load() == to {
 			return nil
+		}
+		if r.IsLeader() && time.Since(issued) > retry {
+			r.node.TransferLeadership(ctx, r.cfg.ID, to)
+			issued = time.Now()
 		}
 		select {
 		case <-ctx.Done():

@@ -1,6 +1,7 @@
 package raftgroup
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 
@@ -40,11 +41,14 @@ func (b badgerLogger) Errorf(f string, a ...any) {
 func (b badgerLogger) Warningf(f string, a ...any) {
 	b.l.Warn(fmt.Sprintf(f, a...), "component", "badger")
 }
-func (b badgerLogger) Infof(f string, a ...any) {
-	b.l.Debug(fmt.Sprintf(f, a...), "component", "badger")
-}
+func (b badgerLogger) Infof(f string, a ...any) { b.Debugf(f, a...) }
+
+// Debugf formats only when enabled: badger logs several debug lines per
+// write (~0.5% of the engine's CPU under load when formatted for nothing).
 func (b badgerLogger) Debugf(f string, a ...any) {
-	b.l.Debug(fmt.Sprintf(f, a...), "component", "badger")
+	if b.l.Enabled(context.Background(), slog.LevelDebug) {
+		b.l.Debug(fmt.Sprintf(f, a...), "component", "badger")
+	}
 }
 
 // raftLogger adapts slog to raft's logger. raft's Info is chatty (every

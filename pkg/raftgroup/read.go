@@ -37,6 +37,8 @@ func (r *Replica) ReadIndex(ctx context.Context) error {
 		return ErrStopped
 	}
 	r.metrics.ReadIndexReads.Add(1)
+	start := time.Now()
+	defer func() { r.metrics.ReadIndexNanos.Add(uint64(time.Since(start))) }()
 	ch := make(chan error, 1)
 	rb := r.reads
 	rb.mu.Lock()

@@ -36,6 +36,9 @@ type Config struct {
 	ID uint64
 	// Addr is this replica's advertised gRPC address.
 	Addr string
+	// RESPAddr is this replica's advertised Redis address, if any. The
+	// engine only reports it (admin Status), so tools can find it.
+	RESPAddr string
 	// Dir holds all of the replica's state.
 	Dir string
 	// Peers are the initial members, this replica included. They are used
@@ -118,7 +121,6 @@ type Replica struct {
 	// Owned by the Ready loop.
 	confState   *pb.ConfState
 	smApplied   uint64 // the state machine's applied index
-	lastTime    time.Time
 	raftApplied uint64 // last index raft handed us (committed entries or snapshot)
 	spool       spool
 
@@ -150,6 +152,9 @@ type Replica struct {
 type Counters struct {
 	Proposals, ProposalsFailed, Fsyncs, ReadIndexRounds, ReadIndexReads atomic.Uint64
 	SnapshotsSent, SnapshotsReceived, MessagesDropped, AppliedEntries   atomic.Uint64
+	// ReadIndexNanos is the total time callers waited in ReadIndex
+	// (divide by ReadIndexReads for the mean).
+	ReadIndexNanos atomic.Uint64
 }
 
 // Open starts a replica on cfg.Dir: a new group member (bootstrapping or
@@ -208,6 +213,18 @@ func (r *Replica) init() error {
 	if err := r.loadMembers(); err != nil {
 		return err
 	}
+	if err := r.db.View(func(txn *badger.Txn) error {
+		_, err := txn.Get(keyRemoved)
+		if err == nil {
+			r.removed.Store(true)
+		}
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return nil
+		}
+		return err
+	}); err != nil {
+		return err
+	}
 	for _, p := range r.cfg.Peers {
 		if _, ok := r.members[p.ID]; !ok && p.Addr != "" {
 			r.members[p.ID] = p.Addr
@@ -220,6 +237,11 @@ func (r *Replica) init() error {
 	snap, _ := store.Snapshot()
 	r.confState = proto.Clone(snap.GetMetadata().GetConfState()).(*pb.ConfState)
 	r.conf = proto.Clone(r.confState).(*pb.ConfState)
+	// MaxCommittedSizePerReady: one Ready's committed entries are one
+	// StateMachine.Apply call, which state machines make one badger
+	// transaction; keep it well under badger's limit (15% of MemTableSize,
+	// 2.4 MiB, see badgerOptions). At 8 MiB, ~40 commands of 60 KB committed
+	// in one Ready failed with ErrTxnTooBig and stopped the replica for good.
 	rc := &raft.Config{
 		ID:                        r.cfg.ID,
 		ElectionTick:              r.cfg.ElectionTicks,
@@ -227,7 +249,7 @@ func (r *Replica) init() error {
 		Storage:                   store,
 		Applied:                   snap.GetMetadata().GetIndex(),
 		MaxSizePerMsg:             1 << 20,
-		MaxCommittedSizePerReady:  8 << 20,
+		MaxCommittedSizePerReady:  1 << 20, // see above
 		MaxUncommittedEntriesSize: 64 << 20,
 		MaxInflightMsgs:           256,
 		CheckQuorum:               true,
@@ -346,7 +368,14 @@ func (r *Replica) handleReady(rd raft.Ready) error {
 		r.commit.Store(rd.HardState.GetCommit())
 	}
 
-	// 1. Persist: snapshot first, then hard state and entries, one fsync.
+	// 1. Send what need not wait for our own write: the leader's appends and
+	// heartbeats go out while it persists the same entries (Raft thesis
+	// 10.2.1; raft counts the leader's own copy only once it is durable, at
+	// Advance). Acknowledgements and votes wait (step 3).
+	early, late := splitMessages(rd.Messages)
+	r.trans.send(early)
+
+	// 2. Persist: snapshot first, then hard state and entries, one fsync.
 	if rd.Snapshot != nil && !raft.IsEmptySnap(rd.Snapshot) {
 		if err := r.installSnapshot(rd.Snapshot); err != nil {
 			return fmt.Errorf("install snapshot: %w", err)
@@ -357,19 +386,35 @@ func (r *Replica) handleReady(rd raft.Ready) error {
 	}
 	r.props.noteAppended(rd.Entries)
 
-	// 2. Send, now that our own copy is durable.
-	r.trans.send(rd.Messages)
+	// 3. Send the rest, now that our own copy is durable.
+	r.trans.send(late)
 
-	// 3. Hand read states to the read batcher.
+	// 4. Hand read states to the read batcher.
 	for _, rs := range rd.ReadStates {
 		r.reads.readState(rs)
 	}
 
-	// 4. Apply.
+	// 5. Apply.
 	if err := r.apply(rd.CommittedEntries); err != nil {
 		return err
 	}
 	return r.maybeCompact()
+}
+
+// splitMessages separates the messages that vouch for this replica's durable
+// state (append acknowledgements and votes: raft's msgsAfterAppend, which it
+// sends only after the write when storage writes are asynchronous) from the
+// rest, which may leave before the Ready is persisted.
+func splitMessages(msgs []*pb.Message) (early, late []*pb.Message) {
+	for _, m := range msgs {
+		switch m.GetType() {
+		case pb.MsgAppResp, pb.MsgVoteResp, pb.MsgPreVoteResp:
+			late = append(late, m)
+		default:
+			early = append(early, m)
+		}
+	}
+	return early, late
 }
 
 // apply hands committed entries to the state machine and membership changes
@@ -394,10 +439,6 @@ func (r *Replica) apply(ents []*pb.Entry) error {
 				return err
 			}
 		}
-		if ent.Time.Before(r.lastTime) || ent.Time.IsZero() {
-			ent.Time = r.lastTime
-		}
-		r.lastTime = ent.Time
 		if ent.Index <= r.smApplied {
 			// Already in the state machine (replay after restart, or covered
 			// by a restored snapshot). Its result is gone; only tell the
@@ -471,6 +512,12 @@ func (r *Replica) applyConfChange(e *pb.Entry) (proposalID, error) {
 			if nid == r.cfg.ID {
 				r.removed.Store(true)
 				r.log.Warn("this replica was removed from the group")
+				// Kept across restarts: a later snapshot marker no longer
+				// replays this entry.
+				if err := wb.Set(keyRemoved, []byte{1}); err != nil {
+					r.membersMu.Unlock()
+					return id, err
+				}
 			}
 			r.trans.removePeer(nid)
 		}
@@ -479,6 +526,9 @@ func (r *Replica) applyConfChange(e *pb.Entry) (proposalID, error) {
 	r.membersMu.Unlock()
 	if slices.Contains(r.confState.GetVoters(), r.cfg.ID) || slices.Contains(r.confState.GetLearners(), r.cfg.ID) {
 		r.removed.Store(false)
+		if err := wb.Delete(keyRemoved); err != nil {
+			return id, err
+		}
 	}
 	return id, wb.Flush()
 }
@@ -487,8 +537,14 @@ func (r *Replica) applyConfChange(e *pb.Entry) (proposalID, error) {
 // were applied since the last one.
 func (r *Replica) maybeCompact() error {
 	applied := r.raftApplied
-	snapIdx := r.store.snapshotIndex()
-	if applied < snapIdx+r.cfg.SnapshotEntries {
+	snap, _ := r.store.Snapshot()
+	snapIdx := snap.GetMetadata().GetIndex()
+	// A marker must carry the membership in force at its index, and raft on
+	// a replica added after the marker refuses a snapshot that does not list
+	// it (the leader would resend it forever): a membership change takes a
+	// new marker too.
+	confChanged := applied > snapIdx && !sameConfState(r.confState, snap.GetMetadata().GetConfState())
+	if applied < snapIdx+r.cfg.SnapshotEntries && !confChanged {
 		return nil
 	}
 	last, _ := r.store.LastIndex()
@@ -516,6 +572,12 @@ func (r *Replica) maybeCompact() error {
 	return nil
 }
 
+func sameConfState(a, b *pb.ConfState) bool {
+	return slices.Equal(a.GetVoters(), b.GetVoters()) && slices.Equal(a.GetLearners(), b.GetLearners()) &&
+		slices.Equal(a.GetVotersOutgoing(), b.GetVotersOutgoing()) && slices.Equal(a.GetLearnersNext(), b.GetLearnersNext()) &&
+		a.GetAutoLeave() == b.GetAutoLeave()
+}
+
 // Close stops the replica. It does not transfer leadership: a caller that
 // wants a graceful handover calls TransferLeadership first.
 func (r *Replica) Close() error {
@@ -528,6 +590,8 @@ func (r *Replica) Close() error {
 	r.closeMu.Unlock()
 	close(r.stopc)
 	<-r.donec
+	r.leader.Store(0)
+	r.stateType.Store(int32(raft.StateFollower))
 	r.node.Stop()
 	r.trans.stop()
 	r.reads.stop()
@@ -597,3 +661,7 @@ func randomUint64() uint64 {
 	}
 	return binary.BigEndian.Uint64(b[:])
 }
+
+// Done is closed when the replica's Ready loop has stopped (Close, or a
+// fatal error: see Err).
+func (r *Replica) Done() <-chan struct{} { return r.donec }

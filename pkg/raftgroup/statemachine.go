@@ -14,8 +14,10 @@ type Entry struct {
 	// Time is the proposing leader's wall clock when it proposed the entry.
 	// It is part of the log, so every replica sees the same value: use it for
 	// anything time-based (TTLs, session expiry) to stay deterministic. It is
-	// not monotonic across leader changes; clamp to the previous value if you
-	// need that.
+	// not monotonic across leader changes: clamp it to a value the state
+	// machine stored itself if you need that (never to in-memory state, which
+	// a restarted replica rebuilds from a different point of the log). It is
+	// zero for entries without a command.
 	Time time.Time
 	// Cmd is the proposed command. It is nil for entries that carry none
 	// (Raft no-ops at elections, membership changes); those only advance the

@@ -20,6 +20,7 @@ var (
 	keyCompacted = []byte("\x00raft/compacted") // index/term of the last entry deleted from the log
 	keyRestore   = []byte("\x00raft/restore")   // a snapshot restore in progress
 	keyIdentity  = []byte("\x00raft/identity")
+	keyRemoved   = []byte("\x00raft/removed") // this replica applied its own removal
 	prefixLog    = []byte("\x00raft/log/")
 	prefixMember = []byte("\x00raft/member/")
 )
@@ -61,7 +62,6 @@ type logStorage struct {
 }
 
 const maxTailBytes = 8 << 20
-
 
 func openLogStorage(db *badger.DB) (*logStorage, error) {
 	s := &logStorage{db: db, hard: &pb.HardState{}, snap: emptySnapshot(), syncs: func() {}}

@@ -117,8 +117,13 @@ func (t *transport) removePeer(id uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if p, ok := t.peers[id]; ok {
-		close(p.stopc)
 		delete(t.peers, id)
+		// Stop the sender only after a grace period: the messages already
+		// queued include the one carrying the commit of this removal, and
+		// without it the removed replica never learns it was removed (it
+		// keeps campaigning and reports itself a follower forever).
+		grace := time.Duration(t.r.cfg.ElectionTicks) * t.r.cfg.TickInterval
+		time.AfterFunc(grace, func() { close(p.stopc) })
 	}
 }
 

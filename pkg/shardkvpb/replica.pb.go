@@ -394,6 +394,8 @@ type MemberStatus struct {
 	LastIndex     uint64    `protobuf:"varint,12,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
 	Members       []*Member `protobuf:"bytes,13,rep,name=members,proto3" json:"members,omitempty"`
 	Counters      *Counters `protobuf:"bytes,14,opt,name=counters,proto3" json:"counters,omitempty"`
+	// This replica's advertised Redis address, if it serves one.
+	RespAddr      string `protobuf:"bytes,15,opt,name=resp_addr,json=respAddr,proto3" json:"resp_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -524,6 +526,13 @@ func (x *MemberStatus) GetCounters() *Counters {
 		return x.Counters
 	}
 	return nil
+}
+
+func (x *MemberStatus) GetRespAddr() string {
+	if x != nil {
+		return x.RespAddr
+	}
+	return ""
 }
 
 type Counters struct {
@@ -933,7 +942,7 @@ const file_replica_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x18\n" +
 	"\alearner\x18\x03 \x01(\bR\alearner\x12\x14\n" +
-	"\x05match\x18\x04 \x01(\x04R\x05match\"\xa7\x03\n" +
+	"\x05match\x18\x04 \x01(\x04R\x05match\"\xc4\x03\n" +
 	"\fMemberStatus\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
@@ -952,7 +961,8 @@ const file_replica_proto_rawDesc = "" +
 	"\n" +
 	"last_index\x18\f \x01(\x04R\tlastIndex\x12,\n" +
 	"\amembers\x18\r \x03(\v2\x12.shardkv.v1.MemberR\amembers\x120\n" +
-	"\bcounters\x18\x0e \x01(\v2\x14.shardkv.v1.CountersR\bcounters\"\xeb\x02\n" +
+	"\bcounters\x18\x0e \x01(\v2\x14.shardkv.v1.CountersR\bcounters\x12\x1b\n" +
+	"\tresp_addr\x18\x0f \x01(\tR\brespAddr\"\xeb\x02\n" +
 	"\bCounters\x12\x1c\n" +
 	"\tproposals\x18\x01 \x01(\x04R\tproposals\x12)\n" +
 	"\x10proposals_failed\x18\x02 \x01(\x04R\x0fproposalsFailed\x12\x16\n" +

@@ -114,6 +114,12 @@ type Options struct {
 	// Register, if set, registers extra gRPC services on each replica's
 	// server (e.g. a state machine's client API).
 	Register func(id uint64, s *grpc.Server, r *raftgroup.Replica, sm raftgroup.StateMachine)
+	// OnCrash, if set, runs when replica id is crashed or shut down, before
+	// its replica closes (stop services started by Register).
+	OnCrash func(id uint64)
+	// ServerOptions are added to each replica's gRPC server (e.g.
+	// interceptors that inject faults into client RPCs).
+	ServerOptions []grpc.ServerOption
 }
 
 // Node is one replica slot of a Cluster.
@@ -227,7 +233,7 @@ func (c *Cluster) Start(id uint64) {
 	if err != nil {
 		c.t.Fatalf("start replica %d: %v", id, err)
 	}
-	srv := grpc.NewServer(raftgroup.ServerOptions()...)
+	srv := grpc.NewServer(append(raftgroup.ServerOptions(), c.opts.ServerOptions...)...)
 	r.RegisterGRPC(srv)
 	if c.opts.Register != nil {
 		c.opts.Register(id, srv, r, sm)
@@ -251,6 +257,9 @@ func (c *Cluster) Crash(id uint64) {
 		return
 	}
 	srv.Stop()
+	if c.opts.OnCrash != nil {
+		c.opts.OnCrash(id)
+	}
 	if err := r.Close(); err != nil {
 		c.t.Logf("close replica %d: %v", id, err)
 	}
