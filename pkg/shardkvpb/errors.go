@@ -25,6 +25,13 @@ const (
 	ReasonTooLarge = "TOO_LARGE"
 	// ReasonInvalid: the request is malformed or refers to unknown things.
 	ReasonInvalid = "INVALID"
+	// ReasonWrongGroup: the group does not own the key's shard in its
+	// current config; nothing was executed. Refresh the config and retry.
+	// Metadata "config_num" is the group's config.
+	ReasonWrongGroup = "WRONG_GROUP"
+	// ReasonNotReady: the group owns the shard but it is still arriving;
+	// nothing was executed. Retry after a short backoff.
+	ReasonNotReady = "NOT_READY"
 
 	errorDomain = "shardkv.io"
 )
@@ -87,7 +94,7 @@ func LeaderHint(err error) (id uint64, addr string, ok bool) {
 // may be sent again (to the hinted leader, or after a backoff).
 func Retryable(err error) bool {
 	switch Reason(err) {
-	case ReasonNotLeader, ReasonNotExecuted:
+	case ReasonNotLeader, ReasonNotExecuted, ReasonWrongGroup, ReasonNotReady:
 		return true
 	}
 	return false

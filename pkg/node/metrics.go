@@ -1,0 +1,135 @@
+package node
+
+import (
+	"context"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/shardkv/shardkv/pkg/shardkv"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+)
+
+// errorCounter counts failed gRPC calls by error kind (the ErrorInfo reason,
+// else the gRPC code).
+type errorCounter struct {
+	mu     sync.Mutex
+	counts map[string]uint64
+}
+
+func newErrorCounter() *errorCounter { return &errorCounter{counts: map[string]uint64{}} }
+
+func (e *errorCounter) note(err error) {
+	if err == nil {
+		return
+	}
+	kind := shardkvpb.Reason(err)
+	if kind == "" {
+		kind = status.Code(err).String()
+	}
+	e.mu.Lock()
+	e.counts[kind]++
+	e.mu.Unlock()
+}
+
+func (e *errorCounter) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	rep, err := h(ctx, req)
+	e.note(err)
+	return rep, err
+}
+
+func (e *errorCounter) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	err := h(srv, ss)
+	e.note(err)
+	return err
+}
+
+func (e *errorCounter) snapshot() map[string]uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string]uint64, len(e.counts))
+	for k, v := range e.counts {
+		out[k] = v
+	}
+	return out
+}
+
+var (
+	descTerm       = prometheus.NewDesc("shardkv_raft_term", "Current Raft term.", nil, nil)
+	descCommit     = prometheus.NewDesc("shardkv_raft_commit_index", "Raft commit index.", nil, nil)
+	descApplied    = prometheus.NewDesc("shardkv_raft_applied_index", "Highest index applied to the state machine.", nil, nil)
+	descLeader     = prometheus.NewDesc("shardkv_raft_is_leader", "1 if this replica is its group's leader.", nil, nil)
+	descProposals  = prometheus.NewDesc("shardkv_raft_proposals_total", "Commands proposed on this replica.", nil, nil)
+	descPropFailed = prometheus.NewDesc("shardkv_raft_proposals_failed_total", "Proposals that did not return a result.", nil, nil)
+	descFsyncs     = prometheus.NewDesc("shardkv_raft_fsyncs_total", "fsyncs of the Raft log.", nil, nil)
+	descRounds     = prometheus.NewDesc("shardkv_raft_read_index_rounds_total", "ReadIndex rounds (one serves many reads).", nil, nil)
+	descReadIndex  = prometheus.NewDesc("shardkv_raft_read_index_seconds", "Time linearizable reads waited for ReadIndex.", nil, nil)
+	descSnapSent   = prometheus.NewDesc("shardkv_raft_snapshots_sent_total", "Snapshots streamed to peers.", nil, nil)
+	descSnapRecv   = prometheus.NewDesc("shardkv_raft_snapshots_received_total", "Snapshots received from the leader.", nil, nil)
+	descDropped    = prometheus.NewDesc("shardkv_raft_messages_dropped_total", "Raft messages dropped (full queue, no route).", nil, nil)
+	descShards     = prometheus.NewDesc("shardkv_shards", "Shards held by this group, by state.", []string{"state"}, nil)
+	descMigKeys    = prometheus.NewDesc("shardkv_migration_keys_total", "Keys received through shard migration.", nil, nil)
+	descMigBytes   = prometheus.NewDesc("shardkv_migration_bytes_total", "Bytes received through shard migration.", nil, nil)
+	descGCKeys     = prometheus.NewDesc("shardkv_gc_keys_total", "Keys of handed-off shards deleted.", nil, nil)
+	descErrors     = prometheus.NewDesc("shardkv_errors_total", "Failed gRPC calls, by kind.", []string{"kind"}, nil)
+	descConfig     = prometheus.NewDesc("shardkv_config_num", "Config number this replica has applied (data groups) or the latest (controller).", nil, nil)
+)
+
+// collector reads the replica's counters at scrape time.
+type collector struct{ n *Node }
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descTerm, descCommit, descApplied, descLeader, descProposals, descPropFailed, descFsyncs,
+		descRounds, descReadIndex, descSnapSent, descSnapRecv, descDropped, descShards, descMigKeys, descMigBytes, descGCKeys, descErrors, descConfig} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	r := c.n.replica
+	st := r.Status()
+	m := r.Metrics()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge(descTerm, float64(st.Term))
+	gauge(descCommit, float64(st.Commit))
+	gauge(descApplied, float64(st.Applied))
+	leader := 0.0
+	if r.IsLeader() {
+		leader = 1
+	}
+	gauge(descLeader, leader)
+	counter(descProposals, m.Proposals.Load())
+	counter(descPropFailed, m.ProposalsFailed.Load())
+	counter(descFsyncs, m.Fsyncs.Load())
+	counter(descRounds, m.ReadIndexRounds.Load())
+	ch <- prometheus.MustNewConstSummary(descReadIndex, m.ReadIndexReads.Load(), float64(m.ReadIndexNanos.Load())/1e9, nil)
+	counter(descSnapSent, m.SnapshotsSent.Load())
+	counter(descSnapRecv, m.SnapshotsReceived.Load())
+	counter(descDropped, m.MessagesDropped.Load())
+	if sm := c.n.groupSM; sm != nil {
+		counts := map[shardkv.ShardState]int{shardkv.Serving: 0, shardkv.Pulling: 0, shardkv.Acking: 0, shardkv.BePulling: 0, shardkv.GCing: 0}
+		for _, meta := range sm.Shards() {
+			counts[meta.State]++
+		}
+		for _, s := range []shardkv.ShardState{shardkv.Serving, shardkv.Pulling, shardkv.Acking, shardkv.BePulling, shardkv.GCing} {
+			gauge(descShards, float64(counts[s]), string(s))
+		}
+		counter(descMigKeys, sm.MigratedKeys.Load())
+		counter(descMigBytes, sm.MigratedBytes.Load())
+		counter(descGCKeys, sm.GCKeys.Load())
+		gauge(descConfig, float64(sm.Config().Num))
+	}
+	if sm := c.n.ctrlSM; sm != nil {
+		_, latest := sm.Bounds()
+		gauge(descConfig, float64(latest))
+	}
+	for kind, v := range c.n.errs.snapshot() {
+		counter(descErrors, v, kind)
+	}
+}

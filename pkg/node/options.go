@@ -1,0 +1,220 @@
+// Package node assembles one shardkv replica process (`node serve`) and the
+// one-machine cluster supervisor (`node local`).
+package node
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/shardkv/shardkv/pkg/ctrler/placement"
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/routing"
+)
+
+// Options are `node serve`'s flags: a stable contract for tests, the
+// operator's pods and users' scripts.
+type Options struct {
+	Role          string
+	ID            uint64
+	DataDir       string
+	Listen        string
+	Advertise     string
+	Group         uint64
+	Peers         []raftgroup.Peer
+	Join          bool
+	Ctrler        []string
+	Shards        int
+	Placement     string
+	RESP          string
+	RESPAdvertise string
+	RequirePass   string
+	HTTP          string
+	LogLevel      string
+}
+
+// EnvPrefix: every flag can also come from SHARDKV_<FLAG> (upper case, '-'
+// as '_'). A flag on the command line wins.
+const EnvPrefix = "SHARDKV_"
+
+// EnvName is the environment variable for a flag.
+func EnvName(flagName string) string {
+	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// ApplyEnv sets every flag of fs not given on the command line from its
+// environment variable, if present.
+func ApplyEnv(fs *flag.FlagSet) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] {
+			return
+		}
+		if v, ok := os.LookupEnv(EnvName(f.Name)); ok {
+			if err := fs.Set(f.Name, v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", EnvName(f.Name), v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// ParseServe parses `node serve` arguments (and environment).
+func ParseServe(args []string, stderr io.Writer) (*Options, error) {
+	fs := flag.NewFlagSet("node serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := &Options{}
+	var peers, ctrler string
+	fs.StringVar(&o.Role, "role", "", "ctrler or group")
+	fs.Uint64Var(&o.ID, "id", 0, "replica id within its group, >= 1, never reused")
+	fs.StringVar(&o.DataDir, "data-dir", "", "directory for all of this replica's state")
+	fs.StringVar(&o.Listen, "listen", "", "host:port for Raft and the gRPC API")
+	fs.StringVar(&o.Advertise, "advertise", "", "address others use to reach --listen (default: --listen unless it is a wildcard)")
+	fs.Uint64Var(&o.Group, "group", 0, "data group id (role=group)")
+	fs.StringVar(&peers, "peers", "", "initial members when bootstrapping: id=host:port,... (including this one)")
+	fs.BoolVar(&o.Join, "join", false, "start empty as a new member of an existing group")
+	fs.StringVar(&ctrler, "ctrler", "", "controller addresses host:port,... (role=group)")
+	fs.IntVar(&o.Shards, "shards", routing.DefaultShards, "shard count, a power of two (role=ctrler; fixed at cluster creation)")
+	fs.StringVar(&o.Placement, "placement", string(placement.Balanced), "balanced or consistent-hash (role=ctrler; fixed at cluster creation)")
+	fs.StringVar(&o.RESP, "resp", "", "Redis protocol listener host:port (role=group)")
+	fs.StringVar(&o.RESPAdvertise, "resp-advertise", "", "address clients use to reach --resp")
+	fs.StringVar(&o.RequirePass, "requirepass", "", "Redis AUTH password (prefer "+EnvName("requirepass")+")")
+	fs.StringVar(&o.HTTP, "http", "", "host:port for /healthz, /readyz and /metrics")
+	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	if err := ApplyEnv(fs); err != nil {
+		return nil, err
+	}
+	var err error
+	if o.Peers, err = ParsePeers(peers); err != nil {
+		return nil, fmt.Errorf("--peers: %w", err)
+	}
+	o.Ctrler = splitList(ctrler)
+	return o, o.validate()
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// ParsePeers parses "id=host:port,...".
+func ParsePeers(s string) ([]raftgroup.Peer, error) {
+	var out []raftgroup.Peer
+	seen := map[uint64]bool{}
+	for _, item := range splitList(s) {
+		id, addr, ok := strings.Cut(item, "=")
+		if !ok {
+			return nil, fmt.Errorf("%q: want id=host:port", item)
+		}
+		n, err := strconv.ParseUint(id, 10, 64)
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("%q: id must be a number >= 1", item)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("%q: %v", item, err)
+		}
+		if seen[n] {
+			return nil, fmt.Errorf("id %d given twice", n)
+		}
+		seen[n] = true
+		out = append(out, raftgroup.Peer{ID: n, Addr: addr})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+func (o *Options) validate() error {
+	switch o.Role {
+	case "ctrler", "group":
+	case "":
+		return errors.New("--role is required (ctrler or group)")
+	default:
+		return fmt.Errorf("--role=%q: want ctrler or group", o.Role)
+	}
+	if o.ID == 0 {
+		return errors.New("--id is required and must be >= 1")
+	}
+	if o.DataDir == "" {
+		return errors.New("--data-dir is required")
+	}
+	if o.Listen == "" {
+		return errors.New("--listen is required")
+	}
+	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
+		return fmt.Errorf("--listen=%q: %v", o.Listen, err)
+	}
+	if o.Advertise == "" {
+		host, _, _ := net.SplitHostPort(o.Listen)
+		if host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
+			return fmt.Errorf("--listen=%q is a wildcard address: give --advertise with an address others can reach", o.Listen)
+		}
+		o.Advertise = o.Listen
+	}
+	if o.Role == "group" {
+		if o.Group == 0 {
+			return errors.New("--group is required for role=group (a gid >= 1)")
+		}
+		if len(o.Ctrler) == 0 {
+			return errors.New("--ctrler is required for role=group")
+		}
+	} else {
+		if o.Group != 0 {
+			return errors.New("--group is only for role=group")
+		}
+		if o.RESP != "" {
+			return errors.New("--resp is only for role=group")
+		}
+		if err := routing.ValidateShards(o.Shards); err != nil {
+			return fmt.Errorf("--shards: %w", err)
+		}
+		if _, err := placement.Parse(o.Placement); err != nil {
+			return fmt.Errorf("--placement: %w", err)
+		}
+	}
+	if o.Join && len(o.Peers) > 0 {
+		found := false
+		for _, p := range o.Peers {
+			found = found || p.ID == o.ID
+		}
+		if found {
+			return fmt.Errorf("--join with --peers listing id %d: a joining replica needs a new id, not one of the existing members", o.ID)
+		}
+	}
+	if !o.Join && len(o.Peers) > 0 {
+		found := false
+		for _, p := range o.Peers {
+			found = found || p.ID == o.ID
+		}
+		if !found {
+			return fmt.Errorf("--peers must include this replica (id %d)", o.ID)
+		}
+	}
+	if o.RESPAdvertise == "" {
+		o.RESPAdvertise = o.RESP
+	}
+	switch o.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("--log-level=%q: want debug, info, warn or error", o.LogLevel)
+	}
+	return nil
+}

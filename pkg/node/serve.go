@@ -1,0 +1,373 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/shardkv/shardkv/pkg/ctrler"
+	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/shardkv"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// CtrlerGroupID is the Raft group id of the controller group (data groups
+// use their gid, which is never 0).
+const CtrlerGroupID = 0
+
+// ShutdownTimeout bounds a graceful stop after SIGTERM.
+const ShutdownTimeout = 8 * time.Second
+
+// NewLogger returns a structured logger at the given level.
+func NewLogger(level string, w *os.File) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+// identity is what a data dir was created for. On restart, what is on disk
+// wins over flags; flags that contradict it get a warning, or an error where
+// going on would be unsafe.
+type identity struct {
+	Role      string `json:"role"`
+	Group     uint64 `json:"group,omitempty"`
+	ID        uint64 `json:"id"`
+	Shards    int    `json:"shards,omitempty"`
+	Placement string `json:"placement,omitempty"`
+	Created   string `json:"created"`
+}
+
+func checkIdentity(o *Options, log *slog.Logger) (fresh bool, err error) {
+	if err := os.MkdirAll(o.DataDir, 0o750); err != nil {
+		return false, fmt.Errorf("data dir: %w", err)
+	}
+	path := filepath.Join(o.DataDir, "node.json")
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		entries, _ := os.ReadDir(o.DataDir)
+		for _, e := range entries {
+			if e.Name() != "node.json" {
+				return false, fmt.Errorf("data dir %s is not empty but has no node.json: refusing to guess what it holds", o.DataDir)
+			}
+		}
+		id := identity{Role: o.Role, Group: o.Group, ID: o.ID, Created: time.Now().UTC().Format(time.RFC3339)}
+		if o.Role == "ctrler" {
+			id.Shards, id.Placement = o.Shards, o.Placement
+		}
+		b, _ := json.MarshalIndent(id, "", "  ")
+		if err := os.WriteFile(path, append(b, '\n'), 0o640); err != nil {
+			return false, err
+		}
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	var id identity
+	if err := json.Unmarshal(b, &id); err != nil {
+		return false, fmt.Errorf("%s: %w", path, err)
+	}
+	if id.Role != o.Role || id.Group != o.Group || id.ID != o.ID {
+		return false, fmt.Errorf("data dir %s belongs to role=%s group=%d id=%d, not role=%s group=%d id=%d",
+			o.DataDir, id.Role, id.Group, id.ID, o.Role, o.Group, o.ID)
+	}
+	if o.Role == "ctrler" && (id.Shards != o.Shards || id.Placement != o.Placement) {
+		log.Warn("flags differ from the cluster's creation; what is on disk wins",
+			"shards_flag", o.Shards, "shards", id.Shards, "placement_flag", o.Placement, "placement", id.Placement)
+	}
+	if len(o.Peers) > 0 {
+		log.Info("restarting on an existing data dir: --peers is ignored")
+	}
+	return false, nil
+}
+
+// checkNotRebootstrapping refuses to bootstrap an empty data dir into a group
+// that already exists: that is a replica whose disk was lost coming back
+// under its old id, which can break Raft's safety (it forgot its votes and
+// log). Such a replica must join with --join and a new id. Peers that cannot
+// be reached are skipped, so this is best effort.
+func checkNotRebootstrapping(ctx context.Context, o *Options, groupID uint64) error {
+	for _, p := range o.Peers {
+		if p.ID == o.ID {
+			continue
+		}
+		conn, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := shardkvpb.NewAdminClient(conn).Status(cctx, &shardkvpb.StatusRequest{})
+		cancel()
+		conn.Close()
+		if err != nil || st.GroupId != groupID {
+			continue
+		}
+		// A new group's log starts with one membership entry per initial
+		// peer; anything past that means the group already ran.
+		if st.Commit > uint64(len(o.Peers))+1 {
+			for _, m := range st.Members {
+				if m.Id == o.ID {
+					return fmt.Errorf("replica %d has an empty data dir, but group %d already exists (peer %d is at commit %d) and still lists id %d: "+
+						"a replica whose data was lost must not come back under its old id; start it with --join and a new id, then remove id %d",
+						o.ID, groupID, p.ID, st.Commit, o.ID, o.ID)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Node is a running replica process.
+type Node struct {
+	opts    *Options
+	log     *slog.Logger
+	replica *raftgroup.Replica
+	grpc    *grpc.Server
+	http    *http.Server
+	lis     net.Listener
+	stop    []func()
+
+	ctrlSM  *ctrler.StateMachine
+	groupSM *shardkv.StateMachine
+	group   *shardkv.Group
+	errs    *errorCounter
+
+	latestSeen atomic.Uint64
+	latestAt   atomic.Int64 // unix nanos of the last successful controller query
+	ctrl       *ctrlerclient.Client
+	bgCancel   context.CancelFunc
+	bgWG       sync.WaitGroup
+	servedGRPC chan error
+}
+
+// Start opens the replica and starts serving. Stop it with Shutdown.
+func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
+	log = log.With("role", o.Role, "id", o.ID)
+	if o.Role == "group" {
+		log = log.With("group", o.Group)
+	}
+	if o.RESP != "" {
+		return nil, errors.New("--resp: the Redis protocol is not available in this build yet")
+	}
+	fresh, err := checkIdentity(o, log)
+	if err != nil {
+		return nil, err
+	}
+	groupID := uint64(CtrlerGroupID)
+	if o.Role == "group" {
+		groupID = o.Group
+	}
+	if fresh && !o.Join && len(o.Peers) > 0 {
+		if err := checkNotRebootstrapping(ctx, o, groupID); err != nil {
+			os.Remove(filepath.Join(o.DataDir, "node.json"))
+			return nil, err
+		}
+	}
+	lis, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("--listen: %w", err)
+	}
+	n := &Node{opts: o, log: log, lis: lis, errs: newErrorCounter(), servedGRPC: make(chan error, 1)}
+	cfg := raftgroup.Config{GroupID: groupID, ID: o.ID, Addr: o.Advertise, RESPAddr: o.RESPAdvertise,
+		Dir: filepath.Join(o.DataDir, "raft"), Peers: o.Peers, Join: o.Join, Logger: log}
+	var sm raftgroup.StateMachine
+	if o.Role == "ctrler" {
+		n.ctrlSM = ctrler.NewStateMachine()
+		sm = n.ctrlSM
+	} else {
+		n.groupSM = shardkv.NewStateMachine(o.Group)
+		sm = n.groupSM
+	}
+	if n.replica, err = raftgroup.Open(cfg, sm); err != nil {
+		lis.Close()
+		return nil, err
+	}
+	n.grpc = grpc.NewServer(append(raftgroup.ServerOptions(), grpc.ChainUnaryInterceptor(n.errs.unary), grpc.ChainStreamInterceptor(n.errs.stream))...)
+	n.replica.RegisterGRPC(n.grpc)
+	bg, cancel := context.WithCancel(context.Background())
+	n.bgCancel = cancel
+	if o.Role == "ctrler" {
+		srv := ctrler.NewServer(ctrler.ServerConfig{Shards: o.Shards, Placement: o.Placement, Logger: log}, n.replica, n.ctrlSM)
+		srv.Register(n.grpc)
+		n.stop = append(n.stop, srv.Stop)
+	} else {
+		if n.ctrl, err = ctrlerclient.New(o.Ctrler); err != nil {
+			n.replica.Close()
+			lis.Close()
+			return nil, err
+		}
+		n.group = shardkv.NewGroup(shardkv.GroupConfig{Ctrler: n.ctrl, RESPAddr: o.RESPAdvertise, Logger: log}, n.replica, n.groupSM)
+		n.group.Register(n.grpc)
+		n.stop = append(n.stop, n.group.Stop, func() { n.ctrl.Close() })
+		n.bgWG.Add(1)
+		go n.followController(bg)
+	}
+	go func() { n.servedGRPC <- n.grpc.Serve(lis) }()
+	if o.HTTP != "" {
+		hl, err := net.Listen("tcp", o.HTTP)
+		if err != nil {
+			n.Shutdown()
+			return nil, fmt.Errorf("--http: %w", err)
+		}
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(&collector{n: n})
+		mux := http.NewServeMux()
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+		mux.HandleFunc("/readyz", n.readyz)
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go n.http.Serve(hl)
+	}
+	log.Info("replica serving", "listen", o.Listen, "advertise", o.Advertise, "http", o.HTTP, "fresh", fresh, "join", o.Join)
+	return n, nil
+}
+
+// followController keeps the controller's latest config number, for
+// readiness ("knows the latest config") and the logs.
+func (n *Node) followController(ctx context.Context) {
+	defer n.bgWG.Done()
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		c, err := n.ctrl.Query(qctx, -1)
+		cancel()
+		if err == nil {
+			n.latestSeen.Store(c.Num)
+			n.latestAt.Store(time.Now().UnixNano())
+		} else if ctx.Err() == nil {
+			n.log.Debug("controller unreachable", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Readiness lists the conditions /readyz waits for; empty means ready.
+func (n *Node) Readiness() []string {
+	var waiting []string
+	st := n.replica.Status()
+	switch {
+	case st.Role == "removed":
+		waiting = append(waiting, "removed from its group")
+	case st.Role == "joining":
+		waiting = append(waiting, "not yet a member of its group (waiting to be added)")
+	}
+	if st.Leader == 0 {
+		waiting = append(waiting, "no leader known")
+	}
+	if st.Commit > st.Applied+1000 || st.Commit == 0 {
+		waiting = append(waiting, fmt.Sprintf("applying its log (applied %d of %d)", st.Applied, st.Commit))
+	}
+	if n.opts.Role == "group" {
+		at := n.latestAt.Load()
+		if at == 0 || time.Since(time.Unix(0, at)) > 10*time.Second {
+			waiting = append(waiting, "has not reached the controller to learn the latest config")
+		}
+	}
+	if n.opts.Role == "ctrler" && !n.ctrlSM.Initialized() {
+		waiting = append(waiting, "cluster not initialised yet")
+	}
+	return waiting
+}
+
+func (n *Node) readyz(w http.ResponseWriter, _ *http.Request) {
+	waiting := n.Readiness()
+	if len(waiting) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ready: %s\n", strings.Join(waiting, "; "))
+		return
+	}
+	fmt.Fprintln(w, "ready")
+}
+
+// Replica returns the node's replica.
+func (n *Node) Replica() *raftgroup.Replica { return n.replica }
+
+// Shutdown stops the node gracefully: a leader first hands leadership to the
+// most caught-up voter, in-flight requests finish (bounded), then
+// everything closes.
+func (n *Node) Shutdown() {
+	deadline := time.Now().Add(ShutdownTimeout)
+	if n.replica.IsLeader() {
+		n.transferLeadership(time.Until(deadline) / 2)
+	}
+	n.bgCancel()
+	done := make(chan struct{})
+	go func() { n.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Until(deadline) - time.Second):
+		n.log.Warn("in-flight requests did not finish in time; stopping")
+		n.grpc.Stop()
+	}
+	if n.http != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		n.http.Shutdown(ctx)
+		cancel()
+	}
+	for i := len(n.stop) - 1; i >= 0; i-- {
+		n.stop[i]()
+	}
+	n.bgWG.Wait()
+	if err := n.replica.Close(); err != nil {
+		n.log.Error("closing replica", "err", err)
+	}
+	n.log.Info("replica stopped")
+}
+
+func (n *Node) transferLeadership(budget time.Duration) {
+	st := n.replica.Status()
+	var best uint64
+	var match uint64
+	for _, m := range st.Members {
+		if m.ID != st.ID && !m.Learner && m.Match >= match {
+			best, match = m.ID, m.Match
+		}
+	}
+	if best == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
+	if err := n.replica.TransferLeadership(ctx, best); err != nil {
+		n.log.Warn("leadership transfer before shutdown failed", "to", best, "err", err)
+		return
+	}
+	n.log.Info("transferred leadership before shutdown", "to", best)
+}
+
+// Serve runs a node until ctx ends (SIGTERM), then shuts it down.
+func Serve(ctx context.Context, o *Options, log *slog.Logger) error {
+	n, err := Start(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-n.servedGRPC:
+		n.log.Error("gRPC server stopped", "err", err)
+	case <-n.replica.Done():
+		n.log.Error("replica stopped on a fatal error", "err", n.replica.Err())
+	}
+	n.Shutdown()
+	return n.replica.Err()
+}

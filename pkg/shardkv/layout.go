@@ -1,0 +1,250 @@
+package shardkv
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Storage layout (all keys outside the engine's 0x00 prefix):
+//
+//	m/applied, m/config, m/prev, m/logtime     group metadata
+//	s<shard:2>                                 per-shard state (ShardMeta)
+//	d<shard:2>k<user key>                      a value record
+//	d<shard:2>s<client:8>                      a client session (dedup)
+//	e<lastNS:8><shard:2><client:8>             session expiry index
+//	t<shard:2><user key>                       tombstone index
+//
+// Everything of one shard that moves with it (values, tombstones, sessions)
+// is one contiguous key range, d<shard>: moving, counting and deleting a
+// shard are range operations. The two indexes are rebuilt from it.
+var (
+	keyApplied = []byte("m/applied")
+	keyConfig  = []byte("m/config")
+	keyPrev    = []byte("m/prev")
+	keyLogTime = []byte("m/logtime")
+	metaPrefix = []byte("m/")
+)
+
+const (
+	tagData    = 'k'
+	tagSession = 's'
+)
+
+func shardPrefix(s int) []byte { return []byte{'d', byte(s >> 8), byte(s)} }
+
+func dataKey(s int, key []byte) []byte {
+	return append(append(shardPrefix(s), tagData), key...)
+}
+
+func sessionKey(s int, client uint64) []byte {
+	return binary.BigEndian.AppendUint64(append(shardPrefix(s), tagSession), client)
+}
+
+func shardMetaKey(s int) []byte { return []byte{'s', byte(s >> 8), byte(s)} }
+
+func expiryKey(lastNS int64, s int, client uint64) []byte {
+	k := binary.BigEndian.AppendUint64([]byte{'e'}, uint64(lastNS))
+	k = append(k, byte(s>>8), byte(s))
+	return binary.BigEndian.AppendUint64(k, client)
+}
+
+func tombstoneKey(s int, key []byte) []byte {
+	return append([]byte{'t', byte(s >> 8), byte(s)}, key...)
+}
+
+// record is a stored value: the Raft index that wrote it (so a later
+// pre-copy migration can ask for "changes since index i"), an optional
+// absolute expiry, and a tombstone flag for deletes.
+//
+//	flags:1 index:8 expireAtMs:8 value
+type record struct {
+	Tombstone  bool
+	Index      uint64
+	ExpireAtMs int64
+	Value      []byte
+}
+
+const recordHeader = 17
+
+func (r record) encode() []byte {
+	b := make([]byte, recordHeader, recordHeader+len(r.Value))
+	if r.Tombstone {
+		b[0] = 1
+	}
+	binary.BigEndian.PutUint64(b[1:], r.Index)
+	binary.BigEndian.PutUint64(b[9:], uint64(r.ExpireAtMs))
+	return append(b, r.Value...)
+}
+
+func decodeRecord(b []byte) (record, error) {
+	if len(b) < recordHeader {
+		return record{}, errors.New("short value record")
+	}
+	return record{
+		Tombstone:  b[0]&1 != 0,
+		Index:      binary.BigEndian.Uint64(b[1:]),
+		ExpireAtMs: int64(binary.BigEndian.Uint64(b[9:])),
+		Value:      b[recordHeader:],
+	}, nil
+}
+
+// live reports whether the record is a value visible at time nowMs.
+func (r record) live(nowMs int64) bool {
+	return !r.Tombstone && (r.ExpireAtMs == 0 || r.ExpireAtMs > nowMs)
+}
+
+// session is a client's dedup state within one shard. Sequence numbers may
+// complete out of order: Floor says every seq <= Floor is done (and
+// acknowledged by the client, so forgotten); Done lists the seqs above Floor
+// that were applied, with their results.
+type session struct {
+	Floor  uint64
+	LastNS int64
+	Done   []doneOp // sorted by Seq
+}
+
+type doneOp struct {
+	Seq       uint64
+	OK        bool
+	PrevFound bool
+	Prev      []byte
+}
+
+// MaxDonePerSession bounds a session's remembered results. A client with
+// more than this many unacknowledged writes on one shard loses exactly-once
+// for the oldest ones (the Go client keeps far fewer in flight).
+const MaxDonePerSession = 4096
+
+func (s *session) encode() []byte {
+	b := binary.BigEndian.AppendUint64(nil, s.Floor)
+	b = binary.BigEndian.AppendUint64(b, uint64(s.LastNS))
+	b = binary.AppendUvarint(b, uint64(len(s.Done)))
+	for _, d := range s.Done {
+		b = binary.AppendUvarint(b, d.Seq)
+		var f byte
+		if d.OK {
+			f |= 1
+		}
+		if d.PrevFound {
+			f |= 2
+		}
+		b = append(b, f)
+		b = binary.AppendUvarint(b, uint64(len(d.Prev)))
+		b = append(b, d.Prev...)
+	}
+	return b
+}
+
+func decodeSession(b []byte) (*session, error) {
+	if len(b) < 16 {
+		return nil, errors.New("short session record")
+	}
+	s := &session{Floor: binary.BigEndian.Uint64(b), LastNS: int64(binary.BigEndian.Uint64(b[8:]))}
+	b = b[16:]
+	n, w := binary.Uvarint(b)
+	if w <= 0 {
+		return nil, errors.New("bad session record")
+	}
+	b = b[w:]
+	for range n {
+		seq, w := binary.Uvarint(b)
+		if w <= 0 || len(b) < w+1 {
+			return nil, errors.New("bad session entry")
+		}
+		f := b[w]
+		b = b[w+1:]
+		l, w := binary.Uvarint(b)
+		if w <= 0 || uint64(len(b)-w) < l {
+			return nil, errors.New("bad session entry")
+		}
+		prev := slices.Clone(b[w : w+int(l)])
+		b = b[w+int(l):]
+		s.Done = append(s.Done, doneOp{Seq: seq, OK: f&1 != 0, PrevFound: f&2 != 0, Prev: prev})
+	}
+	return s, nil
+}
+
+// find returns the stored result of seq, if it was applied.
+func (s *session) find(seq uint64) (doneOp, bool) {
+	i, ok := slices.BinarySearchFunc(s.Done, seq, func(d doneOp, q uint64) int { return cmpU64(d.Seq, q) })
+	if !ok {
+		return doneOp{}, false
+	}
+	return s.Done[i], true
+}
+
+// ack forgets every result the client has acknowledged.
+func (s *session) ack(upTo uint64) {
+	if upTo <= s.Floor {
+		return
+	}
+	s.Floor = upTo
+	i := 0
+	for i < len(s.Done) && s.Done[i].Seq <= upTo {
+		i++
+	}
+	s.Done = s.Done[i:]
+}
+
+func (s *session) add(d doneOp) {
+	i, _ := slices.BinarySearchFunc(s.Done, d.Seq, func(x doneOp, q uint64) int { return cmpU64(x.Seq, q) })
+	s.Done = slices.Insert(s.Done, i, d)
+	for len(s.Done) > MaxDonePerSession {
+		s.Floor = s.Done[0].Seq
+		s.Done = s.Done[1:]
+	}
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// ShardState is the replicated state of one shard in this group.
+type ShardState string
+
+const (
+	// NotOwned: the group neither serves nor holds the shard.
+	NotOwned ShardState = ""
+	// Serving: owned and served.
+	Serving ShardState = "Serving"
+	// Pulling: owned in the current config, data still arriving from the
+	// previous owner; not served (clients get NOT_READY).
+	Pulling ShardState = "Pulling"
+	// Acking: installed and served; the old owner has not yet confirmed it
+	// will drop its copy, so the group keeps telling it.
+	Acking ShardState = "Acking"
+	// BePulling: the previous config's owner keeps the frozen data for the
+	// new owner; not served (WRONG_GROUP).
+	BePulling ShardState = "BePulling"
+	// GCing: the new owner has installed the shard; the old copy is being
+	// deleted in bounded chunks through the log.
+	GCing ShardState = "GCing"
+)
+
+// ShardMeta is the persisted state of one shard.
+type ShardMeta struct {
+	State  ShardState `json:"state,omitempty"`
+	Config uint64     `json:"config,omitempty"` // the config that put it in this state
+	Peer   uint64     `json:"peer,omitempty"`   // source while Pulling/Acking, target while BePulling/GCing
+	// Pull progress (Pulling): resume after this raw key.
+	Resume  []byte `json:"resume,omitempty"`
+	Resumed bool   `json:"resumed,omitempty"`
+	Keys    uint64 `json:"keys,omitempty"`
+	Bytes   uint64 `json:"bytes,omitempty"`
+	Total   uint64 `json:"total,omitempty"` // keys the source reported, once known
+}
+
+func (m ShardMeta) String() string {
+	if m.State == NotOwned {
+		return "NotOwned"
+	}
+	return fmt.Sprintf("%s(config %d, peer %d)", m.State, m.Config, m.Peer)
+}
