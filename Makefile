@@ -9,7 +9,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # this repo's Go), e.g.:
 # CONTROLLER_GEN ?= $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@vX.Y.Z
 
-.PHONY: all build test bench lint vet staticcheck tidy-check generate generate-proto generate-deepcopy manifests clean
+.PHONY: all run build test bench lint vet staticcheck tidy-check generate generate-proto generate-deepcopy manifests clean
 
 all: build
 
@@ -21,6 +21,12 @@ build:
 	else \
 		echo "build: no cmd/ directories yet, no binaries to build"; \
 	fi
+
+## run: build and start a whole local cluster (controller + 3 groups of 3
+## replicas as child processes, data in ./data). Ctrl-C stops it; running it
+## again resumes the same cluster. Pass flags with ARGS="--groups=4 ...".
+run: build
+	$(BIN)/node local $(ARGS)
 
 ## test: the full test suite (the README's test command).
 test:

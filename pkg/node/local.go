@@ -82,6 +82,9 @@ func ParseLocal(args []string, stderr io.Writer) (*LocalOptions, error) {
 	if _, err := placement.Parse(o.Placement); err != nil {
 		return nil, fmt.Errorf("--placement: %w", err)
 	}
+	if o.RESP {
+		return nil, errors.New("--resp: the Redis protocol is not available in this build yet")
+	}
 	return o, nil
 }
 
@@ -283,6 +286,9 @@ func RunLocal(ctx context.Context, o *LocalOptions, out io.Writer, log *slog.Log
 	}
 	if err := bringUp(ctx, o, ctrlAddrs, groups, out); err != nil {
 		shutdown()
+		if ctx.Err() != nil {
+			return nil // stopped (Ctrl-C) while starting: not a failure
+		}
 		return err
 	}
 	printEndpoints(out, o, ctrl, groups)
@@ -313,6 +319,13 @@ func supervise(p *proc, self string, stopping <-chan struct{}, out io.Writer, lo
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // Ctrl-C goes to us, not straight to children
 		started := time.Now()
 		p.mu.Lock()
+		select {
+		case <-stopping: // shutdown has signalled the children: start no new one
+			p.mu.Unlock()
+			f.Close()
+			return
+		default:
+		}
 		err = cmd.Start()
 		p.cmd = cmd
 		p.mu.Unlock()

@@ -316,7 +316,7 @@ func (g *Group) shardStates() []*shardkvpb.ShardState {
 	var out []*shardkvpb.ShardState
 	for _, s := range ids {
 		m := shards[s]
-		out = append(out, &shardkvpb.ShardState{Shard: uint32(s), State: string(m.State), ConfigNum: m.Config, Keys: m.Keys, Bytes: m.Bytes, PeerGid: m.Peer})
+		out = append(out, &shardkvpb.ShardState{Shard: uint32(s), State: string(m.State), ConfigNum: m.Config, Keys: m.Keys, Bytes: m.Bytes, PeerGid: m.Peer, TotalKeys: m.Total})
 	}
 	return out
 }

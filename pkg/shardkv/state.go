@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -157,6 +158,68 @@ type applyCtx struct {
 	changed bool
 	// Size of the open transaction, to split before badger's limit.
 	ops, bytes int
+	// Client sessions read by the current entry, by session key, written
+	// back once at its end (flushSessions).
+	sessions map[string]*stagedSession
+}
+
+// stagedSession is a client session as one entry changes it. A MultiWrite
+// entry carries many ops of one session; rewriting the whole record (up to
+// MaxDonePerSession results) for each op made the entry's transaction grow
+// quadratically: 500 keys of one shard in one MultiPut, from a client with
+// other batches in flight, passed badger's transaction limit, a fatal apply
+// error that stopped every replica of the group.
+type stagedSession struct {
+	shard  int
+	client uint64
+	sess   *session
+	stored int64 // LastNS as stored (the expiry index key), 0 if none
+	dirty  bool
+}
+
+// session returns client's session in shard s, read once per entry.
+func (a *applyCtx) session(s int, client uint64) (*stagedSession, error) {
+	sk := sessionKey(s, client)
+	if st, ok := a.sessions[string(sk)]; ok {
+		return st, nil
+	}
+	st := &stagedSession{shard: s, client: client, sess: &session{}}
+	v, err := getRaw(a.txn, sk)
+	if err != nil {
+		return nil, err
+	}
+	if v != nil {
+		if st.sess, err = decodeSession(v); err != nil {
+			return nil, err
+		}
+		st.stored = st.sess.LastNS
+	}
+	a.sessions[string(sk)] = st
+	return st, nil
+}
+
+// flushSessions writes the sessions the current entry changed, with their
+// expiry index entries. It runs after every entry, so no other command ever
+// sees a session older than the transaction's.
+func (a *applyCtx) flushSessions() error {
+	for sk, st := range a.sessions {
+		if !st.dirty {
+			continue
+		}
+		if st.stored != 0 && st.stored != st.sess.LastNS {
+			if err := a.del(expiryKey(st.stored, st.shard, st.client)); err != nil {
+				return err
+			}
+		}
+		if err := a.set(expiryKey(st.sess.LastNS, st.shard, st.client), nil); err != nil {
+			return err
+		}
+		if err := a.set([]byte(sk), st.sess.encode()); err != nil {
+			return err
+		}
+	}
+	clear(a.sessions)
+	return nil
 }
 
 func (a *applyCtx) set(k, v []byte) error {
@@ -193,7 +256,8 @@ func (a *applyCtx) setMeta(s int, m ShardMeta) error {
 // Apply applies a batch of the group's log entries in one transaction.
 func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
 	sm.mu.RLock()
-	a := &applyCtx{sm: sm, txn: sm.db.NewTransaction(true), metas: map[int]ShardMeta{}, config: sm.config, prev: sm.prev, nowNS: sm.logTime}
+	a := &applyCtx{sm: sm, txn: sm.db.NewTransaction(true), metas: map[int]ShardMeta{}, config: sm.config, prev: sm.prev, nowNS: sm.logTime,
+		sessions: map[string]*stagedSession{}}
 	sm.mu.RUnlock()
 	defer a.txn.Discard()
 	for i := range ents {
@@ -212,6 +276,9 @@ func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
 			continue
 		}
 		res, err := a.apply(&cmd)
+		if err == nil {
+			err = a.flushSessions()
+		}
 		if err != nil {
 			return fmt.Errorf("apply entry %d: %w", e.Index, err)
 		}
@@ -319,20 +386,13 @@ func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 		return OpResult{Code: code}, nil
 	}
 	var sess *session
-	sk := []byte(nil)
+	var staged *stagedSession
 	if c := op.Session.GetClientId(); c != 0 {
-		sk = sessionKey(s, c)
-		v, err := getRaw(a.txn, sk)
-		if err != nil {
+		var err error
+		if staged, err = a.session(s, c); err != nil {
 			return OpResult{}, err
 		}
-		if v != nil {
-			if sess, err = decodeSession(v); err != nil {
-				return OpResult{}, err
-			}
-		} else {
-			sess = &session{}
-		}
+		sess = staged.sess
 		sess.ack(op.Session.Ack)
 		if op.Session.Seq <= sess.Floor {
 			// Acknowledged long ago: the client no longer waits for it.
@@ -390,23 +450,13 @@ func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 		}
 	}
 	if sess != nil {
-		if sess.LastNS != 0 {
-			if err := a.del(expiryKey(sess.LastNS, s, op.Session.ClientId)); err != nil {
-				return OpResult{}, err
-			}
-		}
 		sess.LastNS = a.nowNS
 		d := doneOp{Seq: op.Session.Seq, OK: res.Ok}
 		if op.ReturnPrev {
 			d.Prev, d.PrevFound = res.Prev, res.PrevFound
 		}
 		sess.add(d)
-		if err := a.set(sk, sess.encode()); err != nil {
-			return OpResult{}, err
-		}
-		if err := a.set(expiryKey(sess.LastNS, s, op.Session.ClientId), nil); err != nil {
-			return OpResult{}, err
-		}
+		staged.dirty = true
 	}
 	return OpResult{Result: res}, nil
 }
@@ -533,6 +583,9 @@ func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 	}
 	if n := len(c.Kvs); n > 0 {
 		m.Resume, m.Resumed = c.Kvs[n-1].Key, true
+	}
+	if c.TotalKeys > 0 {
+		m.Total = c.TotalKeys
 	}
 	if c.Last {
 		m = ShardMeta{State: Acking, Config: m.Config, Peer: m.Peer, Keys: m.Keys, Bytes: m.Bytes, Total: c.TotalKeys}
@@ -818,9 +871,15 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 	defer txn.Discard()
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
 	defer it.Close()
-	chunk := &shardkvpb.ShardChunk{}
-	size := 0
+	// Count first (keys only, cheap) so the receiver can show progress.
 	var total uint64
+	kit := txn.NewIterator(badger.IteratorOptions{Prefix: append(slices.Clone(prefix), tagData)})
+	for kit.Rewind(); kit.Valid(); kit.Next() {
+		total++
+	}
+	kit.Close()
+	chunk := &shardkvpb.ShardChunk{TotalKeys: total}
+	size := 0
 	it.Rewind()
 	if resume {
 		it.Seek(after)
@@ -838,15 +897,12 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 			if err := send(chunk); err != nil {
 				return err
 			}
-			chunk, size = &shardkvpb.ShardChunk{}, 0
+			chunk, size = &shardkvpb.ShardChunk{TotalKeys: total}, 0
 		}
 		chunk.Kvs = append(chunk.Kvs, &shardkvpb.KeyValue{Key: k, Record: v})
 		size += len(k) + len(v)
-		if k[3] == tagData {
-			total++
-		}
 	}
-	chunk.Last, chunk.TotalKeys = true, total
+	chunk.Last = true
 	return send(chunk)
 }
 

@@ -662,7 +662,8 @@ type ShardState struct {
 	// Migration progress, where the group knows it.
 	Keys          uint64 `protobuf:"varint,4,opt,name=keys,proto3" json:"keys,omitempty"`
 	Bytes         uint64 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	PeerGid       uint64 `protobuf:"varint,6,opt,name=peer_gid,json=peerGid,proto3" json:"peer_gid,omitempty"` // source while Pulling, target while BePulling
+	PeerGid       uint64 `protobuf:"varint,6,opt,name=peer_gid,json=peerGid,proto3" json:"peer_gid,omitempty"`       // source while Pulling, target while BePulling
+	TotalKeys     uint64 `protobuf:"varint,7,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"` // keys the source reported for the shard, once known
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -735,6 +736,13 @@ func (x *ShardState) GetBytes() uint64 {
 func (x *ShardState) GetPeerGid() uint64 {
 	if x != nil {
 		return x.PeerGid
+	}
+	return 0
+}
+
+func (x *ShardState) GetTotalKeys() uint64 {
+	if x != nil {
+		return x.TotalKeys
 	}
 	return 0
 }
@@ -1102,7 +1110,7 @@ const file_ctrler_proto_rawDesc = "" +
 	"\fQueryRequest\x12\x10\n" +
 	"\x03num\x18\x01 \x01(\x03R\x03num\"\"\n" +
 	"\fWatchRequest\x12\x12\n" +
-	"\x04from\x18\x01 \x01(\x04R\x04from\"\x9c\x01\n" +
+	"\x04from\x18\x01 \x01(\x04R\x04from\"\xbb\x01\n" +
 	"\n" +
 	"ShardState\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x14\n" +
@@ -1111,7 +1119,9 @@ const file_ctrler_proto_rawDesc = "" +
 	"config_num\x18\x03 \x01(\x04R\tconfigNum\x12\x12\n" +
 	"\x04keys\x18\x04 \x01(\x04R\x04keys\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x19\n" +
-	"\bpeer_gid\x18\x06 \x01(\x04R\apeerGid\"\xbd\x02\n" +
+	"\bpeer_gid\x18\x06 \x01(\x04R\apeerGid\x12\x1d\n" +
+	"\n" +
+	"total_keys\x18\a \x01(\x04R\ttotalKeys\"\xbd\x02\n" +
 	"\vGroupReport\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\x04R\x03gid\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\x04R\bleaderId\x12\x1f\n" +

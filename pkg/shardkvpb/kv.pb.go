@@ -851,7 +851,7 @@ type ShardChunk struct {
 	// The shard's dedup table, sent with the last chunk.
 	Dedup         []*DedupEntry `protobuf:"bytes,2,rep,name=dedup,proto3" json:"dedup,omitempty"`
 	Last          bool          `protobuf:"varint,3,opt,name=last,proto3" json:"last,omitempty"`
-	TotalKeys     uint64        `protobuf:"varint,4,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"` // in the last chunk: keys in the shard
+	TotalKeys     uint64        `protobuf:"varint,4,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"` // keys in the shard (every chunk)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
