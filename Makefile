@@ -13,7 +13,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 all: build
 
-## build: compile every package; binaries from cmd/*/ go to $(BIN)/ (none yet).
+## build: compile every package; binaries from cmd/*/ (node, kvctl) go to $(BIN)/.
 build:
 	$(GO) build ./...
 	@if ls -d cmd/*/ >/dev/null 2>&1; then \

@@ -153,6 +153,29 @@ type Node struct {
 	bgCancel   context.CancelFunc
 	bgWG       sync.WaitGroup
 	servedGRPC chan error
+	inflight   atomic.Int64 // client requests being served (see track)
+}
+
+// longLived are the streams that stay open for as long as the peer runs:
+// Raft traffic from the other replicas and config watches. A graceful stop
+// does not wait for them (they never end on their own).
+var longLived = map[string]bool{
+	shardkvpb.Raft_Send_FullMethodName:        true,
+	shardkvpb.Controller_Watch_FullMethodName: true,
+}
+
+func (n *Node) trackUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	n.inflight.Add(1)
+	defer n.inflight.Add(-1)
+	return h(ctx, req)
+}
+
+func (n *Node) trackStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if !longLived[info.FullMethod] {
+		n.inflight.Add(1)
+		defer n.inflight.Add(-1)
+	}
+	return h(srv, ss)
 }
 
 // Start opens the replica and starts serving. Stop it with Shutdown.
@@ -197,7 +220,7 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 		lis.Close()
 		return nil, err
 	}
-	n.grpc = grpc.NewServer(append(raftgroup.ServerOptions(), grpc.ChainUnaryInterceptor(n.errs.unary), grpc.ChainStreamInterceptor(n.errs.stream))...)
+	n.grpc = grpc.NewServer(append(raftgroup.ServerOptions(), grpc.ChainUnaryInterceptor(n.errs.unary, n.trackUnary), grpc.ChainStreamInterceptor(n.errs.stream, n.trackStream))...)
 	n.replica.RegisterGRPC(n.grpc)
 	bg, cancel := context.WithCancel(context.Background())
 	n.bgCancel = cancel
@@ -311,13 +334,36 @@ func (n *Node) Shutdown() {
 		n.transferLeadership(time.Until(deadline) / 2)
 	}
 	n.bgCancel()
+	// GracefulStop refuses new requests and waits for every open stream,
+	// including the Raft streams of peers and config watches, which only
+	// end when the other side hangs up. So wait for the client requests in
+	// flight (they may need those Raft streams to commit), then cut the
+	// rest.
 	done := make(chan struct{})
 	go func() { n.grpc.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(time.Until(deadline) - time.Second):
-		n.log.Warn("in-flight requests did not finish in time; stopping")
-		n.grpc.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	tooLate := time.After(time.Until(deadline) - time.Second)
+	idle := 0
+drain:
+	for {
+		select {
+		case <-done:
+			break drain
+		case <-tooLate:
+			n.log.Warn("in-flight requests did not finish in time; stopping")
+			n.grpc.Stop()
+			break drain
+		case <-tick.C:
+			// Idle for a few ticks: requests already on the wire when
+			// GracefulStop began have had time to show up.
+			if n.inflight.Load() > 0 {
+				idle = 0
+			} else if idle++; idle >= 5 {
+				n.grpc.Stop()
+				break drain
+			}
+		}
 	}
 	if n.http != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -361,13 +407,18 @@ func Serve(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	var served error
 	select {
 	case <-ctx.Done():
-	case err := <-n.servedGRPC:
-		n.log.Error("gRPC server stopped", "err", err)
+	case served = <-n.servedGRPC:
+		n.log.Error("gRPC server stopped", "err", served)
+		served = fmt.Errorf("gRPC server stopped: %w", served)
 	case <-n.replica.Done():
 		n.log.Error("replica stopped on a fatal error", "err", n.replica.Err())
 	}
 	n.Shutdown()
-	return n.replica.Err()
+	if err := n.replica.Err(); err != nil {
+		return err
+	}
+	return served
 }
