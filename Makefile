@@ -32,9 +32,9 @@ run: build
 test:
 	$(GO) test -race -count=1 -timeout 30m ./...
 
-## bench: raftgroup benchmarks only.
+## bench: engine and data-group benchmarks (tables in docs/benchmarks.md).
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 3s ./pkg/raftgroup/
+	$(GO) test -run '^$$' -bench . -benchtime 3s -count 3 -timeout 60m ./pkg/raftgroup/ ./pkg/shardkv/
 
 ## lint: go vet + staticcheck (pinned).
 lint: vet staticcheck

@@ -27,7 +27,14 @@ func badgerOptions(dir string, log *slog.Logger) badger.Options {
 	o.IndexCacheSize = 4 << 20
 	o.NumCompactors = 2
 	o.ValueLogFileSize = 64 << 20
-	o.ValueThreshold = 64 << 10
+	// Every value up to 1 MiB (badger's maximum threshold) stays in the LSM
+	// tree, the value log holds only larger ones. Most big values here are
+	// Raft log entries (a moving shard's 256 KiB chunks), which live only
+	// until the next log compaction: in the LSM tree their deletes reclaim
+	// the space at the next compaction, while the value log would keep them
+	// until a value-log GC that nothing runs (at a 64 KiB threshold, every
+	// shard moved through a group stayed on its disk for good).
+	o.ValueThreshold = 1 << 20
 	o.NumGoroutines = 2
 	o.CompactL0OnClose = false
 	return o

@@ -342,6 +342,7 @@ func (r *Replica) restoreFrom(pending *pb.Snapshot) error {
 	r.membersMu.Unlock()
 	r.smApplied = applied
 	r.raftApplied = meta.GetIndex()
+	r.logSizes, r.bytesSinceSnap = nil, 0 // the log was replaced
 	r.applied.Store(max(applied, meta.GetIndex()))
 	r.applyW.advance(r.applied.Load())
 	r.log.Info("restored snapshot", "marker_index", meta.GetIndex(), "state_index", applied)
