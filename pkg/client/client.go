@@ -243,6 +243,8 @@ func (c *Client) callGroup(ctx context.Context, key []byte, batch bool, f func(c
 				refresh = true
 			case shardkvpb.ReasonInvalid, shardkvpb.ReasonTooLarge:
 				return err
+			case shardkvpb.ReasonResultForgotten:
+				return fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
 			case shardkvpb.ReasonNotLeader:
 				if _, hint, ok := shardkvpb.LeaderHint(err); ok && hint != "" {
 					c.setLeader(gid, hint)
@@ -437,6 +439,9 @@ func (c *Client) MultiPut(ctx context.Context, kvs map[string]string) error {
 				return err
 			}
 			for i, r := range rep.Results {
+				if r.NotExecuted == shardkvpb.ReasonResultForgotten {
+					return fmt.Errorf("%w: key %q: the group no longer remembers this write's result", ErrOutcomeUnknown, part[i])
+				}
 				if r.NotExecuted != "" {
 					retry = append(retry, part[i])
 				}

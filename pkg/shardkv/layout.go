@@ -98,11 +98,14 @@ func (r record) live(nowMs int64) bool {
 // session is a client's dedup state within one shard. Sequence numbers may
 // complete out of order: Floor says every seq <= Floor is done (and
 // acknowledged by the client, so forgotten); Done lists the seqs above Floor
-// that were applied, with their results.
+// that were applied, with their results. Trimmed is the highest seq whose
+// result was dropped to keep Done within MaxDonePerSession: a seq in
+// (Floor, Trimmed] that is not in Done may or may not have been applied.
 type session struct {
-	Floor  uint64
-	LastNS int64
-	Done   []doneOp // sorted by Seq
+	Floor   uint64
+	LastNS  int64
+	Done    []doneOp // sorted by Seq
+	Trimmed uint64
 }
 
 type doneOp struct {
@@ -113,8 +116,11 @@ type doneOp struct {
 }
 
 // MaxDonePerSession bounds a session's remembered results. A client with
-// more than this many unacknowledged writes on one shard loses exactly-once
-// for the oldest ones (the Go client keeps far fewer in flight).
+// more than this many unacknowledged writes on one shard loses the results
+// of the oldest ones: a write at or below Trimmed and not in Done gets
+// ResultForgotten (outcome unknown), never a silent "done". (Trimming used
+// to raise Floor instead, which made the group skip, and report as done,
+// writes of the session that had not arrived yet.)
 const MaxDonePerSession = 4096
 
 func (s *session) encode() []byte {
@@ -133,6 +139,9 @@ func (s *session) encode() []byte {
 		b = append(b, f)
 		b = binary.AppendUvarint(b, uint64(len(d.Prev)))
 		b = append(b, d.Prev...)
+	}
+	if s.Trimmed > s.Floor {
+		b = binary.AppendUvarint(b, s.Trimmed) // optional trailer
 	}
 	return b
 }
@@ -163,6 +172,13 @@ func decodeSession(b []byte) (*session, error) {
 		b = b[w+int(l):]
 		s.Done = append(s.Done, doneOp{Seq: seq, OK: f&1 != 0, PrevFound: f&2 != 0, Prev: prev})
 	}
+	if len(b) > 0 {
+		t, w := binary.Uvarint(b)
+		if w <= 0 {
+			return nil, errors.New("bad session trailer")
+		}
+		s.Trimmed = t
+	}
 	return s, nil
 }
 
@@ -192,7 +208,7 @@ func (s *session) add(d doneOp) {
 	i, _ := slices.BinarySearchFunc(s.Done, d.Seq, func(x doneOp, q uint64) int { return cmpU64(x.Seq, q) })
 	s.Done = slices.Insert(s.Done, i, d)
 	for len(s.Done) > MaxDonePerSession {
-		s.Floor = s.Done[0].Seq
+		s.Trimmed = max(s.Trimmed, s.Done[0].Seq)
 		s.Done = s.Done[1:]
 	}
 }
@@ -234,7 +250,8 @@ type ShardMeta struct {
 	State  ShardState `json:"state,omitempty"`
 	Config uint64     `json:"config,omitempty"` // the config that put it in this state
 	Peer   uint64     `json:"peer,omitempty"`   // source while Pulling/Acking, target while BePulling/GCing
-	// Pull progress (Pulling): resume after this raw key.
+	// Progress: while Pulling, resume the pull after this raw key; while
+	// GCing, the last raw key deleted.
 	Resume  []byte `json:"resume,omitempty"`
 	Resumed bool   `json:"resumed,omitempty"`
 	Keys    uint64 `json:"keys,omitempty"`

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -31,7 +30,9 @@ type GroupConfig struct {
 	// MaxValueBytes bounds one value (default 512 KiB); MaxKeyBytes one key
 	// (default 64 KiB).
 	MaxValueBytes, MaxKeyBytes int
-	// PullConcurrency bounds shards pulled at once (default 4).
+	// PullConcurrency bounds shards pulled at once from one source group
+	// (default 4). Per source, so that a source that is down (its pulls
+	// retry until it is back) never holds up the shards of the others.
 	PullConcurrency int
 	// ReportEvery is the heartbeat period to the controller (default 500ms).
 	ReportEvery time.Duration
@@ -117,6 +118,8 @@ func codeErr(code Code, s int, conf uint64) error {
 		return shardkvpb.Error(codes.FailedPrecondition, shardkvpb.ReasonWrongGroup, fmt.Sprintf("shard %d is not served by this group in config %d", s, conf), meta)
 	case NotReady:
 		return shardkvpb.Error(codes.Unavailable, shardkvpb.ReasonNotReady, fmt.Sprintf("shard %d is still arriving (config %d)", s, conf), meta)
+	case ResultForgotten:
+		return shardkvpb.Error(codes.Aborted, shardkvpb.ReasonResultForgotten, fmt.Sprintf("shard %d: the session no longer remembers this write's result; it may or may not have been applied", s), meta)
 	}
 	return nil
 }
@@ -248,6 +251,8 @@ func (g *Group) MultiWrite(ctx context.Context, req *shardkvpb.MultiWriteRequest
 			out.Results = append(out.Results, &shardkvpb.WriteResult{NotExecuted: shardkvpb.ReasonWrongGroup})
 		case NotReady:
 			out.Results = append(out.Results, &shardkvpb.WriteResult{NotExecuted: shardkvpb.ReasonNotReady})
+		case ResultForgotten:
+			out.Results = append(out.Results, &shardkvpb.WriteResult{NotExecuted: shardkvpb.ReasonResultForgotten})
 		}
 	}
 	return out, nil
@@ -416,6 +421,7 @@ func (g *Group) run() {
 	var (
 		leading     bool
 		tasks       = map[string]context.CancelFunc{}
+		pullPeer    = map[string]uint64{} // running pull task -> source gid
 		lastReport  time.Time
 		lastExpire  = time.Now()
 		taskDone    = make(chan string, 64)
@@ -430,6 +436,7 @@ func (g *Group) run() {
 			c()
 		}
 		clear(tasks)
+		clear(pullPeer)
 		leading = false
 	}
 	defer stopLeading()
@@ -441,6 +448,7 @@ func (g *Group) run() {
 		case <-g.sm.Changed():
 		case name := <-taskDone:
 			delete(tasks, name)
+			delete(pullPeer, name)
 		case <-stepDone:
 			stepPending = false
 		}
@@ -489,11 +497,12 @@ func (g *Group) run() {
 				}()
 			}
 		}
-		// One task per moving shard.
-		pulls := 0
+		// One task per moving shard, at most PullConcurrency pulls per
+		// source group.
+		pulls := map[uint64]int{}
 		for name := range tasks {
-			if strings.HasPrefix(name, string(Pulling)+"/") {
-				pulls++
+			if peer, ok := pullPeer[name]; ok {
+				pulls[peer]++
 			}
 		}
 		shards := g.sm.Shards()
@@ -510,10 +519,11 @@ func (g *Group) run() {
 			}
 			switch m.State {
 			case Pulling:
-				if pulls >= g.cfg.PullConcurrency {
+				if pulls[m.Peer] >= g.cfg.PullConcurrency {
 					continue
 				}
-				pulls++
+				pulls[m.Peer]++
+				pullPeer[name] = m.Peer
 				g.spawn(lead.ctx, tasks, taskDone, name, func(ctx context.Context) { g.pull(ctx, s, m) })
 			case Acking:
 				g.spawn(lead.ctx, tasks, taskDone, name, func(ctx context.Context) { g.confirm(ctx, s, m) })

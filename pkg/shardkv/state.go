@@ -47,6 +47,9 @@ const (
 	WrongGroup
 	// NotReady: the shard is owned but still arriving.
 	NotReady
+	// ResultForgotten: the op's seq is one whose result the session dropped
+	// (see MaxDonePerSession); it may or may not have been applied before.
+	ResultForgotten
 )
 
 // OpResult is the outcome of one write op.
@@ -401,6 +404,9 @@ func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 		if d, ok := sess.find(op.Session.Seq); ok {
 			return OpResult{Result: &shardkvpb.WriteResult{Ok: d.OK, Prev: d.Prev, PrevFound: d.PrevFound}}, nil
 		}
+		if op.Session.Seq <= sess.Trimmed {
+			return OpResult{Code: ResultForgotten}, nil
+		}
 	}
 	dk := dataKey(s, op.Key)
 	old, err := a.get(dk)
@@ -648,7 +654,14 @@ func (a *applyCtx) deleteChunk(r *shardkvpb.ShardRef) (any, error) {
 	prefix := shardPrefix(s)
 	var keys, vals [][]byte
 	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: false})
-	for it.Rewind(); it.Valid() && len(keys) < DeleteChunkKeys; it.Next() {
+	// Start after the previous chunk: from the shard's start, the iterator
+	// would step over the delete markers of every key deleted so far, which
+	// made deleting a shard quadratic (100k keys: 7.6-10 s instead of 5-7).
+	it.Rewind()
+	if m.Resumed {
+		it.Seek(m.Resume)
+	}
+	for ; it.Valid() && len(keys) < DeleteChunkKeys; it.Next() {
 		k := it.Item().KeyCopy(nil)
 		keys = append(keys, k)
 		var v []byte
@@ -687,6 +700,10 @@ func (a *applyCtx) deleteChunk(r *shardkvpb.ShardRef) (any, error) {
 	}
 	if !more {
 		return nil, a.setMeta(s, ShardMeta{})
+	}
+	if len(keys) > 0 {
+		m.Resume, m.Resumed = keys[len(keys)-1], true
+		return nil, a.setMeta(s, m)
 	}
 	return nil, nil
 }

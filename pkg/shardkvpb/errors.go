@@ -32,6 +32,11 @@ const (
 	// ReasonNotReady: the group owns the shard but it is still arriving;
 	// nothing was executed. Retry after a short backoff.
 	ReasonNotReady = "NOT_READY"
+	// ReasonResultForgotten: the write's session no longer remembers the
+	// result of this sequence number (the client had too many newer writes
+	// on the shard unacknowledged): it may or may not have been applied.
+	// Retrying with the same sequence number gets the same answer.
+	ReasonResultForgotten = "RESULT_FORGOTTEN"
 
 	errorDomain = "shardkv.io"
 )

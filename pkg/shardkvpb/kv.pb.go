@@ -240,7 +240,8 @@ type WriteResult struct {
 	Prev      []byte `protobuf:"bytes,2,opt,name=prev,proto3" json:"prev,omitempty"`
 	PrevFound bool   `protobuf:"varint,3,opt,name=prev_found,json=prevFound,proto3" json:"prev_found,omitempty"`
 	// In a MultiWrite, the reason this op was not executed (WRONG_GROUP or
-	// NOT_READY); empty if it was. Single writes fail with a status instead.
+	// NOT_READY), or RESULT_FORGOTTEN if its outcome is unknown; empty if it
+	// was executed. Single writes fail with a status instead.
 	NotExecuted   string `protobuf:"bytes,4,opt,name=not_executed,json=notExecuted,proto3" json:"not_executed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
