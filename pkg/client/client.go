@@ -26,11 +26,12 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// ErrOutcomeUnknown is returned when ctx ends while a mutation may or may
-// not have been applied; the error also wraps ctx's error
-// (context.DeadlineExceeded or context.Canceled). Retrying it with the same
-// Client is still exactly-once only within the session TTL; a new call is a
-// new request.
+// ErrOutcomeUnknown is returned when a mutation may or may not have been
+// applied: ctx ended while it was in flight (the error then also wraps ctx's
+// error, context.DeadlineExceeded or context.Canceled), or the group had to
+// forget the result of that sequence number (RESULT_FORGOTTEN: more than
+// 4096 of this client's writes on one shard were unacknowledged). Calling
+// again is a new request, not a retry of the old one.
 var ErrOutcomeUnknown = errors.New("outcome unknown")
 
 // Client is safe for concurrent use; concurrent calls pipeline.

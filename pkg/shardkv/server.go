@@ -575,8 +575,10 @@ func (g *Group) nextKnown() *shardkvpb.Config {
 	if c, ok := g.known[cur+1]; ok {
 		return c
 	}
-	if cur == 0 {
-		// A fresh group starts from the oldest config the controller has.
+	if !slices.Contains(g.sm.Config().Shards, g.sm.gid) {
+		// A group that owns nothing (new, or left and fell behind) may
+		// start from the oldest config the controller still has (see
+		// nextConfig for why that is safe).
 		var best *shardkvpb.Config
 		for _, c := range g.known {
 			if best == nil || c.Num < best.Num {

@@ -481,12 +481,14 @@ func (a *applyCtx) get(k []byte) (*record, error) {
 // is ignored.
 func (a *applyCtx) nextConfig(next *shardkvpb.Config) (any, error) {
 	cur := a.config
-	// A brand-new group may start at the oldest config the controller still
-	// keeps, as long as it owns nothing there: it owned nothing in the
-	// configs that were compacted away (the controller keeps every config a
-	// group that has not reported could need), so there is nothing to pull.
-	fresh := cur.Num == 0 && !slicesContains(next.Shards, a.sm.gid)
-	if next.Num != cur.Num+1 && !(fresh && next.Num > cur.Num) {
+	// A group that owns nothing now and nothing in `next` may jump ahead to
+	// it: a brand-new group starting at the oldest config the controller
+	// keeps, or a group that left and fell behind while the configs it
+	// missed were compacted. It owned nothing in the configs it skips (the
+	// controller never drops a config that a group present in a kept config
+	// has not reported past), so there is nothing to pull or hand off.
+	idle := !slicesContains(cur.Shards, a.sm.gid) && !slicesContains(next.Shards, a.sm.gid)
+	if next.Num != cur.Num+1 && !(idle && next.Num > cur.Num) {
 		return fmt.Errorf("config %d does not follow %d", next.Num, cur.Num), nil
 	}
 	if cur.Num > 0 && len(next.Shards) != len(cur.Shards) {

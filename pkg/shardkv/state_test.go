@@ -220,3 +220,32 @@ func hasKey(t *testing.T, sm *StateMachine, prefix []byte) bool {
 	}
 	return found
 }
+
+func TestIdleGroupMayJumpOverCompactedConfigs(t *testing.T) {
+	h := newSMHarness(t) // config 1: group 7 owns everything
+	// Config 2 hands everything to group 8; after the hand-off group 7 owns
+	// nothing.
+	h.apply(&shardkvpb.GroupCommand{NextConfig: &shardkvpb.Config{Num: 2, Shards: []uint64{8, 8, 8, 8}}})
+	for s := range 4 {
+		h.apply(&shardkvpb.GroupCommand{Gc: &shardkvpb.ShardRef{Shard: uint32(s), ConfigNum: 2}})
+		for h.sm.Shard(s).State == GCing {
+			h.apply(&shardkvpb.GroupCommand{DeleteChunk: &shardkvpb.ShardRef{Shard: uint32(s), ConfigNum: 2}})
+		}
+	}
+	// Configs 3..9 were compacted while it was down: it may jump to 10,
+	// where it owns nothing...
+	h.apply(&shardkvpb.GroupCommand{NextConfig: &shardkvpb.Config{Num: 10, Shards: []uint64{8, 8, 9, 9}}})
+	if got := h.sm.Config().Num; got != 10 {
+		t.Fatalf("idle group stuck at config %d", got)
+	}
+	// ...but never jump into a config where it owns shards (it would not
+	// know their previous owners).
+	if res := h.apply(&shardkvpb.GroupCommand{NextConfig: &shardkvpb.Config{Num: 12, Shards: []uint64{7, 8, 9, 9}}}); res == nil || h.sm.Config().Num != 10 {
+		t.Fatalf("jumped into a config that gives it shards: %v, now at %d", res, h.sm.Config().Num)
+	}
+	// Stepping normally still works, and gaining shards pulls them.
+	h.apply(&shardkvpb.GroupCommand{NextConfig: &shardkvpb.Config{Num: 11, Shards: []uint64{7, 8, 9, 9}}})
+	if m := h.sm.Shard(0); h.sm.Config().Num != 11 || m.State != Pulling || m.Peer != 8 {
+		t.Fatalf("config %d, shard 0 %v; want 11 and Pulling from 8", h.sm.Config().Num, m)
+	}
+}
