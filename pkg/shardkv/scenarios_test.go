@@ -84,17 +84,6 @@ func (m *scKV) step(name string, f func()) {
 	m.t.Logf("step %q: %v", name, time.Since(start).Round(time.Millisecond))
 }
 
-func scLatest(t *testing.T, w *kvtest.World) *shardkvpb.Config {
-	t.Helper()
-	ctx, cancel := scOpCtx(10 * time.Second)
-	defer cancel()
-	conf, err := w.Admin().Query(ctx, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return conf
-}
-
 // scReadIndex runs r.ReadIndex, retrying while it reports "not executed"
 // (one round gives up after a few election timeouts, e.g. while a leader is
 // being elected; like the KV service's clients, the test then retries).
