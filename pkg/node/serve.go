@@ -149,6 +149,7 @@ type Node struct {
 
 	latestSeen atomic.Uint64
 	latestAt   atomic.Int64 // unix nanos of the last successful controller query
+	stopping   atomic.Bool  // Shutdown has begun: /readyz says so
 	ctrl       *ctrlerclient.Client
 	bgCancel   context.CancelFunc
 	bgWG       sync.WaitGroup
@@ -287,6 +288,9 @@ func (n *Node) followController(ctx context.Context) {
 // Readiness lists the conditions /readyz waits for; empty means ready.
 func (n *Node) Readiness() []string {
 	var waiting []string
+	if n.stopping.Load() {
+		waiting = append(waiting, "shutting down")
+	}
 	st := n.replica.Status()
 	switch {
 	case st.Role == "removed":
@@ -329,6 +333,7 @@ func (n *Node) Replica() *raftgroup.Replica { return n.replica }
 // most caught-up voter, in-flight requests finish (bounded), then
 // everything closes.
 func (n *Node) Shutdown() {
+	n.stopping.Store(true)
 	deadline := time.Now().Add(ShutdownTimeout)
 	if n.replica.IsLeader() {
 		n.transferLeadership(time.Until(deadline) / 2)
