@@ -1,6 +1,7 @@
 package ctrler
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -278,6 +279,6 @@ func (s *Server) Status(ctx context.Context, _ *shardkvpb.ClusterStatusRequest) 
 		out.Groups = append(out.Groups, &shardkvpb.GroupStatus{Report: rp.r, AgeMs: time.Since(rp.at).Milliseconds()})
 	}
 	s.mu.Unlock()
-	slices.SortFunc(out.Groups, func(a, b *shardkvpb.GroupStatus) int { return cmpU64(a.Report.Gid, b.Report.Gid) })
+	slices.SortFunc(out.Groups, func(a, b *shardkvpb.GroupStatus) int { return cmp.Compare(a.Report.Gid, b.Report.Gid) })
 	return out, nil
 }

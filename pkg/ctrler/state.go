@@ -5,7 +5,7 @@
 package ctrler
 
 import (
-	"bufio"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -412,7 +412,7 @@ func (sm *StateMachine) nextConfig(latest *shardkvpb.Config, cmd *Command) (*sha
 		if !changed {
 			return nil, nil
 		}
-		slices.SortFunc(next.Groups, func(a, b *shardkvpb.Group) int { return cmpU64(a.Gid, b.Gid) })
+		slices.SortFunc(next.Groups, func(a, b *shardkvpb.Group) int { return cmp.Compare(a.Gid, b.Gid) })
 	case OpLeave:
 		if len(cmd.GIDs) == 0 {
 			return nil, refuse("leave: no gids given")
@@ -497,18 +497,8 @@ func validateGroup(g *shardkvpb.Group) error {
 func normalizeGroup(g *shardkvpb.Group) *shardkvpb.Group {
 	ng := proto.Clone(g).(*shardkvpb.Group)
 	ng.Weight = max(ng.Weight, 1)
-	slices.SortFunc(ng.Servers, func(a, b *shardkvpb.Server) int { return cmpU64(a.Id, b.Id) })
+	slices.SortFunc(ng.Servers, func(a, b *shardkvpb.Server) int { return cmp.Compare(a.Id, b.Id) })
 	return ng
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Initialized reports whether the cluster's shard count and placement are set.
@@ -572,99 +562,12 @@ func (sm *StateMachine) Config(n int64) (*shardkvpb.Config, error) {
 	return c, err
 }
 
-type snap struct {
-	txn   *badger.Txn
-	index uint64
-}
-
 func (sm *StateMachine) Snapshot() (raftgroup.Snapshot, error) {
-	txn := sm.db.NewTransaction(false)
-	v, err := getRaw(txn, keyApplied)
-	if err != nil {
-		txn.Discard()
-		return nil, err
-	}
-	var idx uint64
-	if v != nil {
-		idx = readU64(v)
-	}
-	return &snap{txn: txn, index: idx}, nil
-}
-
-func (s *snap) Index() uint64 { return s.index }
-func (s *snap) Close()        { s.txn.Discard() }
-
-// WriteTo streams every controller key as (uvarint length, bytes) pairs.
-func (s *snap) WriteTo(w io.Writer) (int64, error) {
-	bw := bufio.NewWriter(w)
-	var n int64
-	put := func(b []byte) error {
-		hdr := binary.AppendUvarint(nil, uint64(len(b)))
-		if _, err := bw.Write(hdr); err != nil {
-			return err
-		}
-		_, err := bw.Write(b)
-		n += int64(len(hdr) + len(b))
-		return err
-	}
-	for _, p := range prefixAll {
-		it := s.txn.NewIterator(badger.IteratorOptions{Prefix: p, PrefetchValues: true})
-		for it.Rewind(); it.Valid(); it.Next() {
-			v, err := it.Item().ValueCopy(nil)
-			if err == nil {
-				err = put(it.Item().Key())
-			}
-			if err == nil {
-				err = put(v)
-			}
-			if err != nil {
-				it.Close()
-				return n, err
-			}
-		}
-		it.Close()
-	}
-	return n, bw.Flush()
+	return raftgroup.PrefixSnapshot(sm.db, keyApplied, prefixAll...)
 }
 
 func (sm *StateMachine) Restore(r io.Reader) (uint64, error) {
-	for _, p := range prefixAll {
-		if err := sm.db.DropPrefix(p); err != nil {
-			return 0, err
-		}
-	}
-	br := bufio.NewReader(r)
-	read := func() ([]byte, error) {
-		l, err := binary.ReadUvarint(br)
-		if err != nil {
-			return nil, err
-		}
-		if l > 64<<20 {
-			return nil, fmt.Errorf("snapshot record of %d bytes", l)
-		}
-		b := make([]byte, l)
-		_, err = io.ReadFull(br, b)
-		return b, err
-	}
-	wb := sm.db.NewWriteBatch()
-	defer wb.Cancel()
-	for {
-		k, err := read()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return 0, err
-		}
-		v, err := read()
-		if err != nil {
-			return 0, fmt.Errorf("snapshot: truncated record: %w", err)
-		}
-		if err := wb.Set(k, v); err != nil {
-			return 0, err
-		}
-	}
-	if err := wb.Flush(); err != nil {
+	if err := raftgroup.RestorePrefixes(sm.db, r, prefixAll...); err != nil {
 		return 0, err
 	}
 	var applied uint64

@@ -1,6 +1,7 @@
 package kvctl
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -285,18 +286,8 @@ func (k *kvctl) describeGroup(ctx context.Context, gid uint64, addrs []string) (
 		}
 		g.Servers = append(g.Servers, &shardkvpb.Server{Id: st.Id, Addr: a, RespAddr: st.RespAddr})
 	}
-	slices.SortFunc(g.Servers, func(a, b *shardkvpb.Server) int { return cmpU64(a.Id, b.Id) })
+	slices.SortFunc(g.Servers, func(a, b *shardkvpb.Server) int { return cmp.Compare(a.Id, b.Id) })
 	return g, nil
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func findGroup(c *shardkvpb.Config, gid uint64) *shardkvpb.Group {

@@ -1,6 +1,7 @@
 package kvctl
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -151,7 +152,7 @@ func (k *kvctl) viewGroup(ctx context.Context, seeds, show []string, known *shar
 		v.members = append(v.members, row)
 	}
 	slices.SortFunc(v.members, func(a, b memberJSON) int {
-		if c := cmpU64(a.ID, b.ID); c != 0 {
+		if c := cmp.Compare(a.ID, b.ID); c != 0 {
 			return c
 		}
 		return strings.Compare(a.Addr, b.Addr)
@@ -560,7 +561,7 @@ func (k *kvctl) routeToVoters(ctx context.Context, t *target, ms []*shardkvpb.Me
 		}
 		g.Servers = append(g.Servers, s)
 	}
-	slices.SortFunc(g.Servers, func(a, b *shardkvpb.Server) int { return cmpU64(a.Id, b.Id) })
+	slices.SortFunc(g.Servers, func(a, b *shardkvpb.Server) int { return cmp.Compare(a.Id, b.Id) })
 	same := len(g.Servers) == len(t.group.Servers)
 	for i := 0; same && i < len(g.Servers); i++ {
 		a, b := g.Servers[i], t.group.Servers[i]

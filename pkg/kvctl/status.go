@@ -1,6 +1,7 @@
 package kvctl
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -152,9 +153,9 @@ func (k *kvctl) buildStatus(ctx context.Context, st *shardkvpb.ClusterStatus) *s
 	}
 	slices.SortFunc(out.Migrations, func(a, b migrationJSON) int {
 		if a.Shard != b.Shard {
-			return cmpU64(uint64(a.Shard), uint64(b.Shard))
+			return cmp.Compare(uint64(a.Shard), uint64(b.Shard))
 		}
-		return cmpU64(a.GID, b.GID)
+		return cmp.Compare(a.GID, b.GID)
 	})
 	return out
 }

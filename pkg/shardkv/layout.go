@@ -1,6 +1,7 @@
 package shardkv
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -184,7 +185,7 @@ func decodeSession(b []byte) (*session, error) {
 
 // find returns the stored result of seq, if it was applied.
 func (s *session) find(seq uint64) (doneOp, bool) {
-	i, ok := slices.BinarySearchFunc(s.Done, seq, func(d doneOp, q uint64) int { return cmpU64(d.Seq, q) })
+	i, ok := slices.BinarySearchFunc(s.Done, seq, func(d doneOp, q uint64) int { return cmp.Compare(d.Seq, q) })
 	if !ok {
 		return doneOp{}, false
 	}
@@ -205,22 +206,12 @@ func (s *session) ack(upTo uint64) {
 }
 
 func (s *session) add(d doneOp) {
-	i, _ := slices.BinarySearchFunc(s.Done, d.Seq, func(x doneOp, q uint64) int { return cmpU64(x.Seq, q) })
+	i, _ := slices.BinarySearchFunc(s.Done, d.Seq, func(x doneOp, q uint64) int { return cmp.Compare(x.Seq, q) })
 	s.Done = slices.Insert(s.Done, i, d)
 	for len(s.Done) > MaxDonePerSession {
 		s.Trimmed = max(s.Trimmed, s.Done[0].Seq)
 		s.Done = s.Done[1:]
 	}
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // ShardState is the replicated state of one shard in this group.

@@ -5,7 +5,6 @@
 package shardkv
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
@@ -927,103 +926,15 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 
 // --- snapshots ---
 
-type snap struct {
-	txn   *badger.Txn
-	index uint64
-}
-
 func (sm *StateMachine) Snapshot() (raftgroup.Snapshot, error) {
-	txn := sm.db.NewTransaction(false)
-	v, err := getRaw(txn, keyApplied)
-	if err != nil {
-		txn.Discard()
-		return nil, err
-	}
-	var idx uint64
-	if v != nil {
-		idx = binary.BigEndian.Uint64(v)
-	}
-	return &snap{txn: txn, index: idx}, nil
+	return raftgroup.PrefixSnapshot(sm.db, keyApplied, statePrefixes...)
 }
-
-func (s *snap) Index() uint64 { return s.index }
-func (s *snap) Close()        { s.txn.Discard() }
 
 // statePrefixes are every prefix the group state machine owns.
 var statePrefixes = [][]byte{metaPrefix, {'s'}, {'d'}, {'e'}, {'t'}}
 
-// WriteTo streams every key of the group's state as (uvarint len, bytes)
-// pairs; it never holds the state in memory.
-func (s *snap) WriteTo(w io.Writer) (int64, error) {
-	bw := bufio.NewWriterSize(w, 256<<10)
-	var n int64
-	put := func(b []byte) error {
-		hdr := binary.AppendUvarint(nil, uint64(len(b)))
-		if _, err := bw.Write(hdr); err != nil {
-			return err
-		}
-		_, err := bw.Write(b)
-		n += int64(len(hdr) + len(b))
-		return err
-	}
-	for _, p := range statePrefixes {
-		it := s.txn.NewIterator(badger.IteratorOptions{Prefix: p, PrefetchValues: true})
-		for it.Rewind(); it.Valid(); it.Next() {
-			v, err := it.Item().ValueCopy(nil)
-			if err == nil {
-				err = put(it.Item().Key())
-			}
-			if err == nil {
-				err = put(v)
-			}
-			if err != nil {
-				it.Close()
-				return n, err
-			}
-		}
-		it.Close()
-	}
-	return n, bw.Flush()
-}
-
 func (sm *StateMachine) Restore(r io.Reader) (uint64, error) {
-	for _, p := range statePrefixes {
-		if err := sm.db.DropPrefix(p); err != nil {
-			return 0, err
-		}
-	}
-	br := bufio.NewReaderSize(r, 256<<10)
-	read := func() ([]byte, error) {
-		l, err := binary.ReadUvarint(br)
-		if err != nil {
-			return nil, err
-		}
-		if l > 64<<20 {
-			return nil, fmt.Errorf("snapshot record of %d bytes", l)
-		}
-		b := make([]byte, l)
-		_, err = io.ReadFull(br, b)
-		return b, err
-	}
-	wb := sm.db.NewWriteBatch()
-	defer wb.Cancel()
-	for {
-		k, err := read()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return 0, err
-		}
-		v, err := read()
-		if err != nil {
-			return 0, fmt.Errorf("snapshot: truncated record: %w", err)
-		}
-		if err := wb.Set(k, v); err != nil {
-			return 0, err
-		}
-	}
-	if err := wb.Flush(); err != nil {
+	if err := raftgroup.RestorePrefixes(sm.db, r, statePrefixes...); err != nil {
 		return 0, err
 	}
 	var applied uint64

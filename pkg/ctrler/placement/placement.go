@@ -4,6 +4,7 @@
 package placement
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sort"
@@ -51,7 +52,7 @@ type Group struct {
 // must be in groups. Pinned shards are left out of the balance.
 func Assign(st Strategy, cur []uint64, groups []Group, pins []uint64) []uint64 {
 	gs := slices.Clone(groups)
-	slices.SortFunc(gs, func(a, b Group) int { return cmpU64(a.GID, b.GID) })
+	slices.SortFunc(gs, func(a, b Group) int { return cmp.Compare(a.GID, b.GID) })
 	for i := range gs {
 		gs[i].Weight = max(gs[i].Weight, 1)
 	}
@@ -75,16 +76,6 @@ func Assign(st Strategy, cur []uint64, groups []Group, pins []uint64) []uint64 {
 		}
 	}
 	return out
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func isPinned(pins []uint64, s int) bool { return s < len(pins) && pins[s] != 0 }
@@ -207,10 +198,10 @@ func newRing(gs []Group) *ring {
 		}
 	}
 	slices.SortFunc(vns, func(a, b vn) int {
-		if c := cmpU64(a.pos, b.pos); c != 0 {
+		if c := cmp.Compare(a.pos, b.pos); c != 0 {
 			return c
 		}
-		return cmpU64(a.gid, b.gid)
+		return cmp.Compare(a.gid, b.gid)
 	})
 	r := &ring{}
 	for _, v := range vns {

@@ -5,7 +5,6 @@
 package rgtest
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -151,107 +150,13 @@ func (kv *KV) Len() (int, error) {
 	return n, err
 }
 
-type kvSnap struct {
-	txn   *badger.Txn
-	index uint64
-}
-
 func (kv *KV) Snapshot() (raftgroup.Snapshot, error) {
-	txn := kv.db.NewTransaction(false)
-	var idx uint64
-	item, err := txn.Get(keyApplied)
-	if err == nil {
-		err = item.Value(func(v []byte) error { idx = binary.BigEndian.Uint64(v); return nil })
-	} else if errors.Is(err, badger.ErrKeyNotFound) {
-		err = nil
-	}
-	if err != nil {
-		txn.Discard()
-		return nil, err
-	}
-	return &kvSnap{txn: txn, index: idx}, nil
-}
-
-func (s *kvSnap) Index() uint64 { return s.index }
-func (s *kvSnap) Close()        { s.txn.Discard() }
-
-// WriteTo streams the applied index, then length-prefixed key/value pairs.
-func (s *kvSnap) WriteTo(w io.Writer) (int64, error) {
-	bw := bufio.NewWriter(w)
-	var n int64
-	put := func(b []byte) error {
-		var l [binary.MaxVarintLen64]byte
-		k := binary.PutUvarint(l[:], uint64(len(b)))
-		if _, err := bw.Write(l[:k]); err != nil {
-			return err
-		}
-		_, err := bw.Write(b)
-		n += int64(k + len(b))
-		return err
-	}
-	var idx [8]byte
-	binary.BigEndian.PutUint64(idx[:], s.index)
-	if err := put(idx[:]); err != nil {
-		return n, err
-	}
-	it := s.txn.NewIterator(badger.IteratorOptions{Prefix: kvPrefix, PrefetchValues: true})
-	defer it.Close()
-	for it.Rewind(); it.Valid(); it.Next() {
-		if err := put(it.Item().Key()); err != nil {
-			return n, err
-		}
-		v, err := it.Item().ValueCopy(nil)
-		if err != nil {
-			return n, err
-		}
-		if err := put(v); err != nil {
-			return n, err
-		}
-	}
-	return n, bw.Flush()
+	return raftgroup.PrefixSnapshot(kv.db, keyApplied, kvPrefix, keyApplied)
 }
 
 func (kv *KV) Restore(r io.Reader) (uint64, error) {
-	if err := kv.db.DropPrefix(kvPrefix); err != nil {
+	if err := raftgroup.RestorePrefixes(kv.db, r, kvPrefix, keyApplied); err != nil {
 		return 0, err
 	}
-	br := bufio.NewReader(r)
-	read := func() ([]byte, error) {
-		l, err := binary.ReadUvarint(br)
-		if err != nil {
-			return nil, err
-		}
-		b := make([]byte, l)
-		_, err = io.ReadFull(br, b)
-		return b, err
-	}
-	idxb, err := read()
-	if err != nil || len(idxb) != 8 {
-		return 0, fmt.Errorf("snapshot header: %v", err)
-	}
-	wb := kv.db.NewWriteBatch()
-	defer wb.Cancel()
-	for {
-		k, err := read()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return 0, err
-		}
-		v, err := read()
-		if err != nil {
-			return 0, err
-		}
-		if err := wb.Set(k, v); err != nil {
-			return 0, err
-		}
-	}
-	if err := wb.Set(keyApplied, idxb); err != nil {
-		return 0, err
-	}
-	if err := wb.Flush(); err != nil {
-		return 0, err
-	}
-	return binary.BigEndian.Uint64(idxb), nil
+	return kv.Open(kv.db)
 }
