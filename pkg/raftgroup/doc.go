@@ -16,6 +16,8 @@
 //     Go map order or local clocks influence the state.
 //   - Snapshot() returns a point-in-time view (a badger read transaction)
 //     that streams itself; Restore(r) clears the state and streams it back in.
+//     A state machine whose state is a few key prefixes, with its applied
+//     index under one key, can use PrefixSnapshot and RestorePrefixes.
 //
 // Then open a replica and serve it:
 //
