@@ -117,12 +117,15 @@ type initMeta struct {
 
 func (sm *StateMachine) Open(db *badger.DB) (uint64, error) {
 	sm.db = db
-	var applied uint64
-	err := db.View(func(txn *badger.Txn) error {
-		if v, err := getRaw(txn, keyApplied); err != nil {
+	return sm.reload()
+}
+
+// reload reads the applied index and the metadata from the DB (at Open and
+// after a Restore).
+func (sm *StateMachine) reload() (applied uint64, err error) {
+	err = sm.db.View(func(txn *badger.Txn) error {
+		if applied, err = raftgroup.LoadApplied(txn, keyApplied); err != nil {
 			return err
-		} else if v != nil {
-			applied = readU64(v)
 		}
 		return sm.loadMeta(txn)
 	})
@@ -570,17 +573,7 @@ func (sm *StateMachine) Restore(r io.Reader) (uint64, error) {
 	if err := raftgroup.RestorePrefixes(sm.db, r, prefixAll...); err != nil {
 		return 0, err
 	}
-	var applied uint64
-	err := sm.db.View(func(txn *badger.Txn) error {
-		v, err := getRaw(txn, keyApplied)
-		if err != nil {
-			return err
-		}
-		if v != nil {
-			applied = readU64(v)
-		}
-		return sm.loadMeta(txn)
-	})
+	applied, err := sm.reload()
 	sm.mu.Lock()
 	close(sm.changed)
 	sm.changed = make(chan struct{})

@@ -24,26 +24,33 @@ const maxSnapshotRecord = 64 << 20
 // stored under appliedKey (0 if absent).
 func PrefixSnapshot(db *badger.DB, appliedKey []byte, prefixes ...[]byte) (Snapshot, error) {
 	txn := db.NewTransaction(false)
-	var idx uint64
-	item, err := txn.Get(appliedKey)
-	switch {
-	case errors.Is(err, badger.ErrKeyNotFound):
-	case err != nil:
+	idx, err := LoadApplied(txn, appliedKey)
+	if err != nil {
 		txn.Discard()
 		return nil, err
-	default:
-		if err := item.Value(func(v []byte) error {
-			if len(v) != 8 {
-				return fmt.Errorf("applied index under %q has %d bytes", appliedKey, len(v))
-			}
-			idx = binary.BigEndian.Uint64(v)
-			return nil
-		}); err != nil {
-			txn.Discard()
-			return nil, err
-		}
 	}
 	return &prefixSnap{txn: txn, index: idx, prefixes: prefixes}, nil
+}
+
+// LoadApplied reads an applied index stored as 8 big-endian bytes under key;
+// 0 if the key is absent (nothing applied yet).
+func LoadApplied(txn *badger.Txn, key []byte) (uint64, error) {
+	item, err := txn.Get(key)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var idx uint64
+	err = item.Value(func(v []byte) error {
+		if len(v) != 8 {
+			return fmt.Errorf("applied index under %q has %d bytes", key, len(v))
+		}
+		idx = binary.BigEndian.Uint64(v)
+		return nil
+	})
+	return idx, err
 }
 
 type prefixSnap struct {

@@ -59,15 +59,9 @@ func decode(cmd []byte) (op byte, key, val string, err error) {
 func (kv *KV) Open(db *badger.DB) (uint64, error) {
 	kv.db = db
 	var applied uint64
-	err := db.View(func(txn *badger.Txn) error {
-		item, err := txn.Get(keyApplied)
-		if errors.Is(err, badger.ErrKeyNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		return item.Value(func(v []byte) error { applied = binary.BigEndian.Uint64(v); return nil })
+	err := db.View(func(txn *badger.Txn) (err error) {
+		applied, err = raftgroup.LoadApplied(txn, keyApplied)
+		return err
 	})
 	return applied, err
 }
