@@ -16,10 +16,11 @@ import (
 //	d<shard:2>s<client:8>                      a client session (dedup)
 //	e<lastNS:8><shard:2><client:8>             session expiry index
 //	t<shard:2><user key>                       tombstone index
+//	x<expireAtMs:8><shard:2><user key>         key expiry index
 //
 // Everything of one shard that moves with it (values, tombstones, sessions)
 // is one contiguous key range, d<shard>: moving, counting and deleting a
-// shard are range operations. The two indexes are rebuilt from it.
+// shard are range operations. The three indexes are rebuilt from it.
 var (
 	keyApplied = []byte("m/applied")
 	keyConfig  = []byte("m/config")

@@ -39,6 +39,10 @@ type GroupConfig struct {
 	// ExpireEvery is how often the leader proposes session and tombstone
 	// expiry (default 30s).
 	ExpireEvery time.Duration
+	// ExpireKeysEvery is how often the leader checks for keys past their
+	// expiry and proposes their deletion (default 100ms, as Redis's active
+	// expiry cycle). Expired keys are invisible at once either way.
+	ExpireKeysEvery time.Duration
 	// DialOptions for group-to-group calls (default: insecure).
 	DialOptions []grpc.DialOption
 	Logger      *slog.Logger
@@ -59,6 +63,9 @@ type Group struct {
 
 	knownMu sync.Mutex
 	known   map[uint64]*shardkvpb.Config // configs from the controller, ahead of ours
+
+	respMu      sync.Mutex
+	respLeaders map[uint64]uint64 // other groups' leaders (controller status)
 
 	stopc chan struct{}
 	wg    sync.WaitGroup
@@ -81,6 +88,9 @@ func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
 	if cfg.ExpireEvery == 0 {
 		cfg.ExpireEvery = 30 * time.Second
 	}
+	if cfg.ExpireKeysEvery == 0 {
+		cfg.ExpireKeysEvery = 100 * time.Millisecond
+	}
 	if len(cfg.DialOptions) == 0 {
 		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
@@ -91,6 +101,10 @@ func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
 		leaders: map[uint64]string{}, known: map[uint64]*shardkvpb.Config{}, stopc: make(chan struct{})}
 	g.wg.Add(1)
 	go g.run()
+	if cfg.RESPAddr != "" {
+		g.wg.Add(1)
+		go g.refreshLeaders()
+	}
 	return g
 }
 
@@ -138,7 +152,7 @@ func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if len(op.Value) > g.cfg.MaxValueBytes || len(op.Expect) > g.cfg.MaxValueBytes {
 		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("value of %d bytes exceeds the limit of %d", max(len(op.Value), len(op.Expect)), g.cfg.MaxValueBytes), nil)
 	}
-	if op.Kind > shardkvpb.WriteOp_CAS {
+	if op.Kind > shardkvpb.WriteOp_PERSIST {
 		return invalid("unknown write kind %d", op.Kind)
 	}
 	return nil
@@ -419,14 +433,15 @@ func (g *Group) run() {
 		cancel context.CancelFunc
 	}
 	var (
-		leading     bool
-		tasks       = map[string]context.CancelFunc{}
-		pullPeer    = map[string]uint64{} // running pull task -> source gid
-		lastReport  time.Time
-		lastExpire  = time.Now()
-		taskDone    = make(chan string, 64)
-		stepPending bool
-		stepDone    = make(chan struct{}, 1)
+		leading       bool
+		tasks         = map[string]context.CancelFunc{}
+		pullPeer      = map[string]uint64{} // running pull task -> source gid
+		lastReport    time.Time
+		lastExpire    = time.Now()
+		lastKeyExpire time.Time
+		taskDone      = make(chan string, 64)
+		stepPending   bool
+		stepDone      = make(chan struct{}, 1)
 	)
 	stopLeading := func() {
 		if lead.cancel != nil {
@@ -472,6 +487,16 @@ func (g *Group) run() {
 				defer g.wg.Done()
 				g.report(lead.ctx)
 			}()
+		}
+		if _, running := tasks["expire-keys"]; !running && time.Since(lastKeyExpire) >= g.cfg.ExpireKeysEvery {
+			lastKeyExpire = time.Now()
+			if g.sm.expiryDue(time.Now().UnixMilli()) {
+				g.spawn(lead.ctx, tasks, taskDone, "expire-keys", func(ctx context.Context) {
+					ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					defer cancel()
+					g.propose(ctx, &shardkvpb.GroupCommand{ExpireKeys: true})
+				})
+			}
 		}
 		if time.Since(lastExpire) >= g.cfg.ExpireEvery {
 			lastExpire = time.Now()

@@ -358,6 +358,8 @@ func (a *applyCtx) apply(cmd *shardkvpb.GroupCommand) (any, error) {
 		return a.deleteChunk(cmd.DeleteChunk)
 	case cmd.ExpireSessions:
 		return nil, a.expire()
+	case cmd.ExpireKeys:
+		return a.expireKeys()
 	}
 	return errors.New("empty command"), nil
 }
@@ -419,39 +421,13 @@ func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 	if op.ReturnPrev && oldLive {
 		res.Prev, res.PrevFound = old.Value, true
 	}
-	var next *record
-	switch op.Kind {
-	case shardkvpb.WriteOp_PUT:
-		next, res.Ok = &record{Value: op.Value}, true
-	case shardkvpb.WriteOp_APPEND:
-		v := op.Value
-		if oldLive {
-			v = append(append([]byte{}, old.Value...), op.Value...)
-		}
-		next, res.Ok = &record{Value: v}, true
-	case shardkvpb.WriteOp_DELETE:
-		if oldLive {
-			next, res.Ok = &record{Tombstone: true}, true
-		}
-	case shardkvpb.WriteOp_CAS:
-		match := (op.ExpectAbsent && !oldLive) || (!op.ExpectAbsent && oldLive && bytes.Equal(old.Value, op.Expect))
-		if match {
-			next, res.Ok = &record{Value: op.Value}, true
-		}
-	default:
-		return OpResult{}, fmt.Errorf("unknown write kind %v", op.Kind)
+	next, err := applyOp(op, old, oldLive, nowMs, res)
+	if err != nil {
+		return OpResult{}, err
 	}
 	if next != nil {
 		next.Index = a.index
-		if err := a.set(dk, next.encode()); err != nil {
-			return OpResult{}, err
-		}
-		if next.Tombstone {
-			err = a.set(tombstoneKey(s, op.Key), nil)
-		} else if old != nil && old.Tombstone {
-			err = a.del(tombstoneKey(s, op.Key))
-		}
-		if err != nil {
+		if err := a.putRecord(s, op.Key, old, next); err != nil {
 			return OpResult{}, err
 		}
 	}
@@ -622,6 +598,9 @@ func (a *applyCtx) indexMoved(s int, raw, val []byte) error {
 		if r.Tombstone {
 			return a.set(tombstoneKey(s, rest), nil)
 		}
+		if r.ExpireAtMs != 0 {
+			return a.set(expiresKey(r.ExpireAtMs, s, rest), nil)
+		}
 	}
 	return nil
 }
@@ -693,10 +672,17 @@ func (a *applyCtx) deleteChunk(r *shardkvpb.ShardRef) (any, error) {
 				}
 			}
 		case tagData:
-			if rec, err := decodeRecord(vals[i]); err == nil && rec.Tombstone {
-				if err := a.del(tombstoneKey(s, k[4:])); err != nil {
-					return nil, err
-				}
+			rec, err := decodeRecord(vals[i])
+			if err != nil {
+				break
+			}
+			if rec.Tombstone {
+				err = a.del(tombstoneKey(s, k[4:]))
+			} else if rec.ExpireAtMs != 0 {
+				err = a.del(expiresKey(rec.ExpireAtMs, s, k[4:]))
+			}
+			if err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -839,12 +825,17 @@ func (sm *StateMachine) route(key []byte) (int, Code) {
 
 // Get reads key from local state. nowMs decides expiry.
 func (sm *StateMachine) Get(key []byte, nowMs int64) ([]byte, bool, Code, error) {
+	e, code, err := sm.GetEntry(key, nowMs)
+	return e.Value, e.Found, code, err
+}
+
+// GetEntry reads key and its expiry from local state. nowMs decides expiry.
+func (sm *StateMachine) GetEntry(key []byte, nowMs int64) (ValueEntry, Code, error) {
 	s, code := sm.route(key)
 	if code != OK {
-		return nil, false, code, nil
+		return ValueEntry{}, code, nil
 	}
-	var val []byte
-	found := false
+	var e ValueEntry
 	err := sm.db.View(func(txn *badger.Txn) error {
 		v, err := getRaw(txn, dataKey(s, key))
 		if err != nil || v == nil {
@@ -855,11 +846,11 @@ func (sm *StateMachine) Get(key []byte, nowMs int64) ([]byte, bool, Code, error)
 			return err
 		}
 		if r.live(nowMs) {
-			val, found = r.Value, true
+			e = ValueEntry{Found: true, Value: r.Value, ExpireAtMs: r.ExpireAtMs}
 		}
 		return nil
 	})
-	return val, found, code, err
+	return e, code, err
 }
 
 // CountKeys counts the live and tombstoned keys held for shard s (any state).
@@ -932,7 +923,7 @@ func (sm *StateMachine) Snapshot() (raftgroup.Snapshot, error) {
 }
 
 // statePrefixes are every prefix the group state machine owns.
-var statePrefixes = [][]byte{metaPrefix, {'s'}, {'d'}, {'e'}, {'t'}}
+var statePrefixes = [][]byte{metaPrefix, {'s'}, {'d'}, {'e'}, {'t'}, {'x'}}
 
 func (sm *StateMachine) Restore(r io.Reader) (uint64, error) {
 	if err := raftgroup.RestorePrefixes(sm.db, r, statePrefixes...); err != nil {

@@ -40,8 +40,11 @@ type GroupCommand struct {
 	DeleteChunk *ShardRef `protobuf:"bytes,6,opt,name=delete_chunk,json=deleteChunk,proto3" json:"delete_chunk,omitempty"`
 	// Drop client sessions idle past the session TTL (log time).
 	ExpireSessions bool `protobuf:"varint,7,opt,name=expire_sessions,json=expireSessions,proto3" json:"expire_sessions,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Delete keys whose expiry is at or before the entry's time (bounded
+	// batch, serving shards only).
+	ExpireKeys    bool `protobuf:"varint,8,opt,name=expire_keys,json=expireKeys,proto3" json:"expire_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GroupCommand) Reset() {
@@ -119,6 +122,13 @@ func (x *GroupCommand) GetDeleteChunk() *ShardRef {
 func (x *GroupCommand) GetExpireSessions() bool {
 	if x != nil {
 		return x.ExpireSessions
+	}
+	return false
+}
+
+func (x *GroupCommand) GetExpireKeys() bool {
+	if x != nil {
+		return x.ExpireKeys
 	}
 	return false
 }
@@ -274,7 +284,7 @@ var File_grouplog_proto protoreflect.FileDescriptor
 const file_grouplog_proto_rawDesc = "" +
 	"\n" +
 	"\x0egrouplog.proto\x12\n" +
-	"shardkv.v1\x1a\fctrler.proto\x1a\bkv.proto\"\xd5\x02\n" +
+	"shardkv.v1\x1a\fctrler.proto\x1a\bkv.proto\"\xf6\x02\n" +
 	"\fGroupCommand\x12+\n" +
 	"\x06writes\x18\x01 \x03(\v2\x13.shardkv.v1.WriteOpR\x06writes\x123\n" +
 	"\vnext_config\x18\x02 \x01(\v2\x12.shardkv.v1.ConfigR\n" +
@@ -283,7 +293,9 @@ const file_grouplog_proto_rawDesc = "" +
 	"\x05acked\x18\x04 \x01(\v2\x14.shardkv.v1.ShardRefR\x05acked\x12$\n" +
 	"\x02gc\x18\x05 \x01(\v2\x14.shardkv.v1.ShardRefR\x02gc\x127\n" +
 	"\fdelete_chunk\x18\x06 \x01(\v2\x14.shardkv.v1.ShardRefR\vdeleteChunk\x12'\n" +
-	"\x0fexpire_sessions\x18\a \x01(\bR\x0eexpireSessions\"?\n" +
+	"\x0fexpire_sessions\x18\a \x01(\bR\x0eexpireSessions\x12\x1f\n" +
+	"\vexpire_keys\x18\b \x01(\bR\n" +
+	"expireKeys\"?\n" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +

@@ -30,6 +30,15 @@ const (
 	// Compare-and-set: set value if the current value equals `expect`
 	// (or the key is absent, when expect_absent).
 	WriteOp_CAS WriteOp_Kind = 3
+	// Add `delta` to the integer value (absent = 0); keeps the TTL.
+	WriteOp_INCR WriteOp_Kind = 4
+	// Add the decimal float in `value` to the value (absent = 0); keeps the TTL.
+	WriteOp_INCR_FLOAT WriteOp_Kind = 5
+	// Set the key's expiry to `expire_at_ms` if `cond` allows; a time at or
+	// before the entry's time deletes the key.
+	WriteOp_EXPIRE WriteOp_Kind = 6
+	// Remove the key's expiry.
+	WriteOp_PERSIST WriteOp_Kind = 7
 )
 
 // Enum value maps for WriteOp_Kind.
@@ -39,12 +48,20 @@ var (
 		1: "APPEND",
 		2: "DELETE",
 		3: "CAS",
+		4: "INCR",
+		5: "INCR_FLOAT",
+		6: "EXPIRE",
+		7: "PERSIST",
 	}
 	WriteOp_Kind_value = map[string]int32{
-		"PUT":    0,
-		"APPEND": 1,
-		"DELETE": 2,
-		"CAS":    3,
+		"PUT":        0,
+		"APPEND":     1,
+		"DELETE":     2,
+		"CAS":        3,
+		"INCR":       4,
+		"INCR_FLOAT": 5,
+		"EXPIRE":     6,
+		"PERSIST":    7,
 	}
 )
 
@@ -73,6 +90,62 @@ func (x WriteOp_Kind) Number() protoreflect.EnumNumber {
 // Deprecated: Use WriteOp_Kind.Descriptor instead.
 func (WriteOp_Kind) EnumDescriptor() ([]byte, []int) {
 	return file_kv_proto_rawDescGZIP(), []int{1, 0}
+}
+
+// Conditions (Redis's SET NX/XX and EXPIRE NX/XX/GT/LT).
+type WriteOp_Cond int32
+
+const (
+	WriteOp_ALWAYS     WriteOp_Cond = 0
+	WriteOp_IF_ABSENT  WriteOp_Cond = 1 // NX: only if the key does not exist
+	WriteOp_IF_PRESENT WriteOp_Cond = 2 // XX: only if the key exists (EXPIRE: has an expiry)
+	WriteOp_IF_GREATER WriteOp_Cond = 3 // EXPIRE GT: new expiry > current (no expiry = infinite)
+	WriteOp_IF_LESS    WriteOp_Cond = 4 // EXPIRE LT: new expiry < current (no expiry = infinite)
+)
+
+// Enum value maps for WriteOp_Cond.
+var (
+	WriteOp_Cond_name = map[int32]string{
+		0: "ALWAYS",
+		1: "IF_ABSENT",
+		2: "IF_PRESENT",
+		3: "IF_GREATER",
+		4: "IF_LESS",
+	}
+	WriteOp_Cond_value = map[string]int32{
+		"ALWAYS":     0,
+		"IF_ABSENT":  1,
+		"IF_PRESENT": 2,
+		"IF_GREATER": 3,
+		"IF_LESS":    4,
+	}
+)
+
+func (x WriteOp_Cond) Enum() *WriteOp_Cond {
+	p := new(WriteOp_Cond)
+	*p = x
+	return p
+}
+
+func (x WriteOp_Cond) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WriteOp_Cond) Descriptor() protoreflect.EnumDescriptor {
+	return file_kv_proto_enumTypes[1].Descriptor()
+}
+
+func (WriteOp_Cond) Type() protoreflect.EnumType {
+	return &file_kv_proto_enumTypes[1]
+}
+
+func (x WriteOp_Cond) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WriteOp_Cond.Descriptor instead.
+func (WriteOp_Cond) EnumDescriptor() ([]byte, []int) {
+	return file_kv_proto_rawDescGZIP(), []int{1, 1}
 }
 
 // Session makes a mutation exactly-once. seq numbers are unique per client
@@ -148,7 +221,16 @@ type WriteOp struct {
 	Session      *Session               `protobuf:"bytes,6,opt,name=session,proto3" json:"session,omitempty"`
 	// Return the value before the write (kept in the dedup table too, so a
 	// retried duplicate gets the same answer).
-	ReturnPrev    bool `protobuf:"varint,7,opt,name=return_prev,json=returnPrev,proto3" json:"return_prev,omitempty"`
+	ReturnPrev bool `protobuf:"varint,7,opt,name=return_prev,json=returnPrev,proto3" json:"return_prev,omitempty"`
+	// PUT and EXPIRE: the absolute expiry in Unix milliseconds, decided by
+	// the leader when it proposes (0: none).
+	ExpireAtMs int64 `protobuf:"varint,8,opt,name=expire_at_ms,json=expireAtMs,proto3" json:"expire_at_ms,omitempty"`
+	// PUT: keep the existing key's expiry (SET KEEPTTL).
+	KeepTtl bool `protobuf:"varint,9,opt,name=keep_ttl,json=keepTtl,proto3" json:"keep_ttl,omitempty"`
+	// PUT and EXPIRE: execute only if the condition holds (ok=false if not).
+	Cond WriteOp_Cond `protobuf:"varint,10,opt,name=cond,proto3,enum=shardkv.v1.WriteOp_Cond" json:"cond,omitempty"`
+	// INCR: the increment.
+	Delta         int64 `protobuf:"varint,11,opt,name=delta,proto3" json:"delta,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -232,6 +314,34 @@ func (x *WriteOp) GetReturnPrev() bool {
 	return false
 }
 
+func (x *WriteOp) GetExpireAtMs() int64 {
+	if x != nil {
+		return x.ExpireAtMs
+	}
+	return 0
+}
+
+func (x *WriteOp) GetKeepTtl() bool {
+	if x != nil {
+		return x.KeepTtl
+	}
+	return false
+}
+
+func (x *WriteOp) GetCond() WriteOp_Cond {
+	if x != nil {
+		return x.Cond
+	}
+	return WriteOp_ALWAYS
+}
+
+func (x *WriteOp) GetDelta() int64 {
+	if x != nil {
+		return x.Delta
+	}
+	return 0
+}
+
 type WriteResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// PUT/APPEND: true. DELETE: the key existed. CAS: the swap happened.
@@ -242,7 +352,14 @@ type WriteResult struct {
 	// In a MultiWrite, the reason this op was not executed (WRONG_GROUP or
 	// NOT_READY), or RESULT_FORGOTTEN if its outcome is unknown; empty if it
 	// was executed. Single writes fail with a status instead.
-	NotExecuted   string `protobuf:"bytes,4,opt,name=not_executed,json=notExecuted,proto3" json:"not_executed,omitempty"`
+	NotExecuted string `protobuf:"bytes,4,opt,name=not_executed,json=notExecuted,proto3" json:"not_executed,omitempty"`
+	// INCR: the new value; APPEND: the new length.
+	Num int64 `protobuf:"varint,5,opt,name=num,proto3" json:"num,omitempty"`
+	// INCR_FLOAT: the new value as stored.
+	Value []byte `protobuf:"bytes,6,opt,name=value,proto3" json:"value,omitempty"`
+	// A Redis-style error decided when the op was applied (e.g. the value is
+	// not an integer); the op changed nothing.
+	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -301,6 +418,27 @@ func (x *WriteResult) GetPrevFound() bool {
 func (x *WriteResult) GetNotExecuted() string {
 	if x != nil {
 		return x.NotExecuted
+	}
+	return ""
+}
+
+func (x *WriteResult) GetNum() int64 {
+	if x != nil {
+		return x.Num
+	}
+	return 0
+}
+
+func (x *WriteResult) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *WriteResult) GetError() string {
+	if x != nil {
+		return x.Error
 	}
 	return ""
 }
@@ -1132,7 +1270,7 @@ const file_kv_proto_rawDesc = "" +
 	"\aSession\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\x9e\x02\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xa2\x04\n" +
 	"\aWriteOp\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.shardkv.v1.WriteOp.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1141,20 +1279,44 @@ const file_kv_proto_rawDesc = "" +
 	"\rexpect_absent\x18\x05 \x01(\bR\fexpectAbsent\x12-\n" +
 	"\asession\x18\x06 \x01(\v2\x13.shardkv.v1.SessionR\asession\x12\x1f\n" +
 	"\vreturn_prev\x18\a \x01(\bR\n" +
-	"returnPrev\"0\n" +
+	"returnPrev\x12 \n" +
+	"\fexpire_at_ms\x18\b \x01(\x03R\n" +
+	"expireAtMs\x12\x19\n" +
+	"\bkeep_ttl\x18\t \x01(\bR\akeepTtl\x12,\n" +
+	"\x04cond\x18\n" +
+	" \x01(\x0e2\x18.shardkv.v1.WriteOp.CondR\x04cond\x12\x14\n" +
+	"\x05delta\x18\v \x01(\x03R\x05delta\"c\n" +
 	"\x04Kind\x12\a\n" +
 	"\x03PUT\x10\x00\x12\n" +
 	"\n" +
 	"\x06APPEND\x10\x01\x12\n" +
 	"\n" +
 	"\x06DELETE\x10\x02\x12\a\n" +
-	"\x03CAS\x10\x03\"s\n" +
+	"\x03CAS\x10\x03\x12\b\n" +
+	"\x04INCR\x10\x04\x12\x0e\n" +
+	"\n" +
+	"INCR_FLOAT\x10\x05\x12\n" +
+	"\n" +
+	"\x06EXPIRE\x10\x06\x12\v\n" +
+	"\aPERSIST\x10\a\"N\n" +
+	"\x04Cond\x12\n" +
+	"\n" +
+	"\x06ALWAYS\x10\x00\x12\r\n" +
+	"\tIF_ABSENT\x10\x01\x12\x0e\n" +
+	"\n" +
+	"IF_PRESENT\x10\x02\x12\x0e\n" +
+	"\n" +
+	"IF_GREATER\x10\x03\x12\v\n" +
+	"\aIF_LESS\x10\x04\"\xb1\x01\n" +
 	"\vWriteResult\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x12\n" +
 	"\x04prev\x18\x02 \x01(\fR\x04prev\x12\x1d\n" +
 	"\n" +
 	"prev_found\x18\x03 \x01(\bR\tprevFound\x12!\n" +
-	"\fnot_executed\x18\x04 \x01(\tR\vnotExecuted\"\x1e\n" +
+	"\fnot_executed\x18\x04 \x01(\tR\vnotExecuted\x12\x10\n" +
+	"\x03num\x18\x05 \x01(\x03R\x03num\x12\x14\n" +
+	"\x05value\x18\x06 \x01(\fR\x05value\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\"\x1e\n" +
 	"\n" +
 	"GetRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\"6\n" +
@@ -1231,65 +1393,67 @@ func file_kv_proto_rawDescGZIP() []byte {
 	return file_kv_proto_rawDescData
 }
 
-var file_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_kv_proto_goTypes = []any{
 	(WriteOp_Kind)(0),             // 0: shardkv.v1.WriteOp.Kind
-	(*Session)(nil),               // 1: shardkv.v1.Session
-	(*WriteOp)(nil),               // 2: shardkv.v1.WriteOp
-	(*WriteResult)(nil),           // 3: shardkv.v1.WriteResult
-	(*GetRequest)(nil),            // 4: shardkv.v1.GetRequest
-	(*GetReply)(nil),              // 5: shardkv.v1.GetReply
-	(*WriteRequest)(nil),          // 6: shardkv.v1.WriteRequest
-	(*WriteReply)(nil),            // 7: shardkv.v1.WriteReply
-	(*MultiGetRequest)(nil),       // 8: shardkv.v1.MultiGetRequest
-	(*MultiGetReply)(nil),         // 9: shardkv.v1.MultiGetReply
-	(*MultiWriteRequest)(nil),     // 10: shardkv.v1.MultiWriteRequest
-	(*MultiWriteReply)(nil),       // 11: shardkv.v1.MultiWriteReply
-	(*FetchShardRequest)(nil),     // 12: shardkv.v1.FetchShardRequest
-	(*KeyValue)(nil),              // 13: shardkv.v1.KeyValue
-	(*DedupEntry)(nil),            // 14: shardkv.v1.DedupEntry
-	(*ShardChunk)(nil),            // 15: shardkv.v1.ShardChunk
-	(*ShardInstalledRequest)(nil), // 16: shardkv.v1.ShardInstalledRequest
-	(*ShardInstalledReply)(nil),   // 17: shardkv.v1.ShardInstalledReply
-	(*GroupInfoRequest)(nil),      // 18: shardkv.v1.GroupInfoRequest
-	(*GroupInfoReply)(nil),        // 19: shardkv.v1.GroupInfoReply
-	(*Config)(nil),                // 20: shardkv.v1.Config
-	(*ShardState)(nil),            // 21: shardkv.v1.ShardState
-	(*MemberStatus)(nil),          // 22: shardkv.v1.MemberStatus
+	(WriteOp_Cond)(0),             // 1: shardkv.v1.WriteOp.Cond
+	(*Session)(nil),               // 2: shardkv.v1.Session
+	(*WriteOp)(nil),               // 3: shardkv.v1.WriteOp
+	(*WriteResult)(nil),           // 4: shardkv.v1.WriteResult
+	(*GetRequest)(nil),            // 5: shardkv.v1.GetRequest
+	(*GetReply)(nil),              // 6: shardkv.v1.GetReply
+	(*WriteRequest)(nil),          // 7: shardkv.v1.WriteRequest
+	(*WriteReply)(nil),            // 8: shardkv.v1.WriteReply
+	(*MultiGetRequest)(nil),       // 9: shardkv.v1.MultiGetRequest
+	(*MultiGetReply)(nil),         // 10: shardkv.v1.MultiGetReply
+	(*MultiWriteRequest)(nil),     // 11: shardkv.v1.MultiWriteRequest
+	(*MultiWriteReply)(nil),       // 12: shardkv.v1.MultiWriteReply
+	(*FetchShardRequest)(nil),     // 13: shardkv.v1.FetchShardRequest
+	(*KeyValue)(nil),              // 14: shardkv.v1.KeyValue
+	(*DedupEntry)(nil),            // 15: shardkv.v1.DedupEntry
+	(*ShardChunk)(nil),            // 16: shardkv.v1.ShardChunk
+	(*ShardInstalledRequest)(nil), // 17: shardkv.v1.ShardInstalledRequest
+	(*ShardInstalledReply)(nil),   // 18: shardkv.v1.ShardInstalledReply
+	(*GroupInfoRequest)(nil),      // 19: shardkv.v1.GroupInfoRequest
+	(*GroupInfoReply)(nil),        // 20: shardkv.v1.GroupInfoReply
+	(*Config)(nil),                // 21: shardkv.v1.Config
+	(*ShardState)(nil),            // 22: shardkv.v1.ShardState
+	(*MemberStatus)(nil),          // 23: shardkv.v1.MemberStatus
 }
 var file_kv_proto_depIdxs = []int32{
 	0,  // 0: shardkv.v1.WriteOp.kind:type_name -> shardkv.v1.WriteOp.Kind
-	1,  // 1: shardkv.v1.WriteOp.session:type_name -> shardkv.v1.Session
-	2,  // 2: shardkv.v1.WriteRequest.op:type_name -> shardkv.v1.WriteOp
-	3,  // 3: shardkv.v1.WriteReply.result:type_name -> shardkv.v1.WriteResult
-	5,  // 4: shardkv.v1.MultiGetReply.values:type_name -> shardkv.v1.GetReply
-	2,  // 5: shardkv.v1.MultiWriteRequest.ops:type_name -> shardkv.v1.WriteOp
-	3,  // 6: shardkv.v1.MultiWriteReply.results:type_name -> shardkv.v1.WriteResult
-	13, // 7: shardkv.v1.ShardChunk.kvs:type_name -> shardkv.v1.KeyValue
-	14, // 8: shardkv.v1.ShardChunk.dedup:type_name -> shardkv.v1.DedupEntry
-	20, // 9: shardkv.v1.GroupInfoReply.config:type_name -> shardkv.v1.Config
-	21, // 10: shardkv.v1.GroupInfoReply.shards:type_name -> shardkv.v1.ShardState
-	22, // 11: shardkv.v1.GroupInfoReply.member:type_name -> shardkv.v1.MemberStatus
-	4,  // 12: shardkv.v1.KV.Get:input_type -> shardkv.v1.GetRequest
-	6,  // 13: shardkv.v1.KV.Write:input_type -> shardkv.v1.WriteRequest
-	8,  // 14: shardkv.v1.KV.MultiGet:input_type -> shardkv.v1.MultiGetRequest
-	10, // 15: shardkv.v1.KV.MultiWrite:input_type -> shardkv.v1.MultiWriteRequest
-	12, // 16: shardkv.v1.KV.FetchShard:input_type -> shardkv.v1.FetchShardRequest
-	16, // 17: shardkv.v1.KV.ShardInstalled:input_type -> shardkv.v1.ShardInstalledRequest
-	18, // 18: shardkv.v1.KV.GroupInfo:input_type -> shardkv.v1.GroupInfoRequest
-	5,  // 19: shardkv.v1.KV.Get:output_type -> shardkv.v1.GetReply
-	7,  // 20: shardkv.v1.KV.Write:output_type -> shardkv.v1.WriteReply
-	9,  // 21: shardkv.v1.KV.MultiGet:output_type -> shardkv.v1.MultiGetReply
-	11, // 22: shardkv.v1.KV.MultiWrite:output_type -> shardkv.v1.MultiWriteReply
-	15, // 23: shardkv.v1.KV.FetchShard:output_type -> shardkv.v1.ShardChunk
-	17, // 24: shardkv.v1.KV.ShardInstalled:output_type -> shardkv.v1.ShardInstalledReply
-	19, // 25: shardkv.v1.KV.GroupInfo:output_type -> shardkv.v1.GroupInfoReply
-	19, // [19:26] is the sub-list for method output_type
-	12, // [12:19] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	2,  // 1: shardkv.v1.WriteOp.session:type_name -> shardkv.v1.Session
+	1,  // 2: shardkv.v1.WriteOp.cond:type_name -> shardkv.v1.WriteOp.Cond
+	3,  // 3: shardkv.v1.WriteRequest.op:type_name -> shardkv.v1.WriteOp
+	4,  // 4: shardkv.v1.WriteReply.result:type_name -> shardkv.v1.WriteResult
+	6,  // 5: shardkv.v1.MultiGetReply.values:type_name -> shardkv.v1.GetReply
+	3,  // 6: shardkv.v1.MultiWriteRequest.ops:type_name -> shardkv.v1.WriteOp
+	4,  // 7: shardkv.v1.MultiWriteReply.results:type_name -> shardkv.v1.WriteResult
+	14, // 8: shardkv.v1.ShardChunk.kvs:type_name -> shardkv.v1.KeyValue
+	15, // 9: shardkv.v1.ShardChunk.dedup:type_name -> shardkv.v1.DedupEntry
+	21, // 10: shardkv.v1.GroupInfoReply.config:type_name -> shardkv.v1.Config
+	22, // 11: shardkv.v1.GroupInfoReply.shards:type_name -> shardkv.v1.ShardState
+	23, // 12: shardkv.v1.GroupInfoReply.member:type_name -> shardkv.v1.MemberStatus
+	5,  // 13: shardkv.v1.KV.Get:input_type -> shardkv.v1.GetRequest
+	7,  // 14: shardkv.v1.KV.Write:input_type -> shardkv.v1.WriteRequest
+	9,  // 15: shardkv.v1.KV.MultiGet:input_type -> shardkv.v1.MultiGetRequest
+	11, // 16: shardkv.v1.KV.MultiWrite:input_type -> shardkv.v1.MultiWriteRequest
+	13, // 17: shardkv.v1.KV.FetchShard:input_type -> shardkv.v1.FetchShardRequest
+	17, // 18: shardkv.v1.KV.ShardInstalled:input_type -> shardkv.v1.ShardInstalledRequest
+	19, // 19: shardkv.v1.KV.GroupInfo:input_type -> shardkv.v1.GroupInfoRequest
+	6,  // 20: shardkv.v1.KV.Get:output_type -> shardkv.v1.GetReply
+	8,  // 21: shardkv.v1.KV.Write:output_type -> shardkv.v1.WriteReply
+	10, // 22: shardkv.v1.KV.MultiGet:output_type -> shardkv.v1.MultiGetReply
+	12, // 23: shardkv.v1.KV.MultiWrite:output_type -> shardkv.v1.MultiWriteReply
+	16, // 24: shardkv.v1.KV.FetchShard:output_type -> shardkv.v1.ShardChunk
+	18, // 25: shardkv.v1.KV.ShardInstalled:output_type -> shardkv.v1.ShardInstalledReply
+	20, // 26: shardkv.v1.KV.GroupInfo:output_type -> shardkv.v1.GroupInfoReply
+	20, // [20:27] is the sub-list for method output_type
+	13, // [13:20] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_kv_proto_init() }
@@ -1304,7 +1468,7 @@ func file_kv_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kv_proto_rawDesc), len(file_kv_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,

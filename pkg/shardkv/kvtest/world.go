@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -116,6 +117,8 @@ type World struct {
 	mu      sync.Mutex
 	servers map[string]func() // cluster/replica -> stop
 	sms     map[string]*shardkv.StateMachine
+	resp    map[string]string // "g<gid>/<id>" -> RESP address
+	groups  map[string]*shardkv.Group
 }
 
 // Options tune a World.
@@ -124,6 +127,10 @@ type Options struct {
 	Replicas int // per group, default 3
 	// RaftConfig adjusts every data-group replica (e.g. snapshot thresholds).
 	RaftConfig func(*raftgroup.Config)
+	// RESP, if set, starts a Redis protocol front end for every data-group
+	// replica on addr (stable across the replica's restarts; it is the
+	// replica's advertised RESP address) and returns its stop function.
+	RESP func(addr string, g *shardkv.Group) (stop func())
 }
 
 // New starts a controller group (3 replicas); data groups start with StartGroup.
@@ -135,7 +142,8 @@ func New(t testing.TB, o Options) *World {
 		o.Replicas = 3
 	}
 	w := &World{t: t, Shards: o.Shards, Groups: map[uint64]*rgtest.Cluster{}, Faults: &Faults{}, cfg: o,
-		servers: map[string]func(){}, sms: map[string]*shardkv.StateMachine{}}
+		servers: map[string]func(){}, sms: map[string]*shardkv.StateMachine{},
+		resp: map[string]string{}, groups: map[string]*shardkv.Group{}}
 	w.Ctrler = rgtest.NewCluster(t, 3, rgtest.Options{
 		GroupID: 1 << 40,
 		NewSM:   func(uint64) raftgroup.StateMachine { return ctrler.NewStateMachine() },
@@ -194,12 +202,19 @@ func (w *World) StartGroup(gid uint64) *rgtest.Cluster {
 		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(w.Faults.unary), grpc.ChainStreamInterceptor(w.Faults.stream)},
 		Register: func(id uint64, s *grpc.Server, r *raftgroup.Replica, sm raftgroup.StateMachine) {
 			name := fmt.Sprintf("g%d/%d", gid, id)
-			grp := shardkv.NewGroup(shardkv.GroupConfig{Ctrler: ctrl, ReportEvery: 200 * time.Millisecond, ExpireEvery: time.Second, Logger: rgtest.Logger().With("gid", gid, "replica", id)}, r, sm.(*shardkv.StateMachine))
+			respAddr := w.RESPAddr(gid, id)
+			grp := shardkv.NewGroup(shardkv.GroupConfig{Ctrler: ctrl, RESPAddr: respAddr, ReportEvery: 200 * time.Millisecond, ExpireEvery: time.Second,
+				ExpireKeysEvery: 100 * time.Millisecond, Logger: rgtest.Logger().With("gid", gid, "replica", id)}, r, sm.(*shardkv.StateMachine))
 			grp.Register(s)
+			stopRESP := func() {}
+			if w.cfg.RESP != nil {
+				stopRESP = w.cfg.RESP(respAddr, grp)
+			}
 			w.mu.Lock()
 			w.sms[name] = sm.(*shardkv.StateMachine)
+			w.groups[name] = grp
 			w.mu.Unlock()
-			w.setStop(name, grp.Stop)
+			w.setStop(name, func() { stopRESP(); grp.Stop() })
 		},
 		OnCrash: func(id uint64) { w.stop(fmt.Sprintf("g%d/%d", gid, id)) },
 	})
@@ -219,11 +234,43 @@ func (w *World) SM(gid, id uint64) *shardkv.StateMachine {
 	return w.sms[fmt.Sprintf("g%d/%d", gid, id)]
 }
 
+// Group returns the service of replica id of group gid (nil if down).
+func (w *World) Group(gid, id uint64) *shardkv.Group {
+	if w.Groups[gid].Replica(id) == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.groups[fmt.Sprintf("g%d/%d", gid, id)]
+}
+
+// RESPAddr is the RESP address of replica id of group gid ("" unless
+// Options.RESP is set). It is picked once and kept across restarts.
+func (w *World) RESPAddr(gid, id uint64) string {
+	if w.cfg.RESP == nil {
+		return ""
+	}
+	name := fmt.Sprintf("g%d/%d", gid, id)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if a, ok := w.resp[name]; ok {
+		return a
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	a := ln.Addr().String()
+	ln.Close()
+	w.resp[name] = a
+	return a
+}
+
 // GroupSpec describes group gid for a Join.
 func (w *World) GroupSpec(gid uint64) *shardkvpb.Group {
 	g := &shardkvpb.Group{Gid: gid}
 	for _, id := range w.Groups[gid].IDs() {
-		g.Servers = append(g.Servers, &shardkvpb.Server{Id: id, Addr: w.Groups[gid].Nodes[id].Addr})
+		g.Servers = append(g.Servers, &shardkvpb.Server{Id: id, Addr: w.Groups[gid].Nodes[id].Addr, RespAddr: w.RESPAddr(gid, id)})
 	}
 	return g
 }

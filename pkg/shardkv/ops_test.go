@@ -1,0 +1,159 @@
+package shardkv
+
+import (
+	"testing"
+	"time"
+
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+)
+
+func op(kind shardkvpb.WriteOp_Kind, key string, f ...func(*shardkvpb.WriteOp)) *shardkvpb.WriteOp {
+	o := &shardkvpb.WriteOp{Kind: kind, Key: []byte(key)}
+	for _, fn := range f {
+		fn(o)
+	}
+	return o
+}
+
+func val(v string) func(*shardkvpb.WriteOp) {
+	return func(o *shardkvpb.WriteOp) { o.Value = []byte(v) }
+}
+func exp(ms int64) func(*shardkvpb.WriteOp) { return func(o *shardkvpb.WriteOp) { o.ExpireAtMs = ms } }
+func cond(c shardkvpb.WriteOp_Cond) func(*shardkvpb.WriteOp) {
+	return func(o *shardkvpb.WriteOp) { o.Cond = c }
+}
+func delta(d int64) func(*shardkvpb.WriteOp) { return func(o *shardkvpb.WriteOp) { o.Delta = d } }
+
+func (h *smHarness) entry(key string) ValueEntry {
+	h.t.Helper()
+	e, code, err := h.sm.GetEntry([]byte(key), h.now.UnixMilli())
+	if err != nil || code != OK {
+		h.t.Fatalf("get %s: %v %v", key, code, err)
+	}
+	return e
+}
+
+func TestRedisOps(t *testing.T) {
+	h := newSMHarness(t)
+	now := h.now.UnixMilli()
+	P, A, D, I, F, E, X := shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_DELETE, shardkvpb.WriteOp_INCR,
+		shardkvpb.WriteOp_INCR_FLOAT, shardkvpb.WriteOp_EXPIRE, shardkvpb.WriteOp_PERSIST
+	check := func(name string, r OpResult, ok bool, errText string) *shardkvpb.WriteResult {
+		t.Helper()
+		if r.Code != OK || r.Result.Ok != ok || r.Result.Error != errText {
+			t.Fatalf("%s: got code %v ok=%v err=%q, want ok=%v err=%q", name, r.Code, r.Result.GetOk(), r.Result.GetError(), ok, errText)
+		}
+		return r.Result
+	}
+	// SET NX / XX.
+	check("xx on absent", h.write(op(P, "k", val("1"), cond(shardkvpb.WriteOp_IF_PRESENT))), false, "")
+	check("nx on absent", h.write(op(P, "k", val("1"), cond(shardkvpb.WriteOp_IF_ABSENT))), true, "")
+	check("nx on present", h.write(op(P, "k", val("2"), cond(shardkvpb.WriteOp_IF_ABSENT))), false, "")
+	if h.get("k") != "1" {
+		t.Fatal("SET NX overwrote")
+	}
+	// INCR family.
+	if r := check("incr", h.write(op(I, "k", delta(41))), true, ""); r.Num != 42 || h.get("k") != "42" {
+		t.Fatalf("incr: %d %q", r.Num, h.get("k"))
+	}
+	check("incr overflow", h.write(op(I, "k", delta(1<<62), func(o *shardkvpb.WriteOp) { o.Delta = 9223372036854775807 })), false, errOverflow)
+	h.write(op(P, "s", val("abc")))
+	check("incr non-int", h.write(op(I, "s", delta(1))), false, errNotInteger)
+	h.write(op(P, "s", val(" 1")))
+	check("incr spaced int", h.write(op(I, "s", delta(1))), false, errNotInteger)
+	if r := check("incr absent", h.write(op(I, "new", delta(-5))), true, ""); r.Num != -5 {
+		t.Fatalf("incr on absent: %d", r.Num)
+	}
+	if r := check("incrbyfloat", h.write(op(F, "f", val("10.5"))), true, ""); string(r.Value) != "10.5" {
+		t.Fatalf("incrbyfloat: %q", r.Value)
+	}
+	if r := check("incrbyfloat 2", h.write(op(F, "f", val("0.1"))), true, ""); string(r.Value) != "10.6" {
+		t.Fatalf("incrbyfloat: %q", r.Value)
+	}
+	check("incrbyfloat on text", h.write(op(F, "s", val("1"))), false, errNotFloat)
+	check("incrbyfloat to inf", h.write(op(F, "f", val("1e308"), func(o *shardkvpb.WriteOp) {})), true, "")
+	check("incrbyfloat to inf 2", h.write(op(F, "f", val("1.7e308"))), false, errNaN)
+	// APPEND keeps the TTL; PUT without KEEPTTL drops it; PUT with KEEPTTL keeps it.
+	h.write(op(P, "t", val("a"), exp(now+60_000)))
+	if r := check("append", h.write(op(A, "t", val("bc"))), true, ""); r.Num != 3 || h.entry("t").ExpireAtMs != now+60_000 {
+		t.Fatalf("append: len %d expiry %d", r.Num, h.entry("t").ExpireAtMs)
+	}
+	h.write(op(P, "t", val("x"), func(o *shardkvpb.WriteOp) { o.KeepTtl = true }))
+	if h.entry("t").ExpireAtMs != now+60_000 {
+		t.Fatal("SET KEEPTTL dropped the expiry")
+	}
+	h.write(op(P, "t", val("y")))
+	if h.entry("t").ExpireAtMs != 0 {
+		t.Fatal("SET kept the expiry")
+	}
+	// EXPIRE conditions: no expiry counts as infinite.
+	check("expire xx without ttl", h.write(op(E, "t", exp(now+5000), cond(shardkvpb.WriteOp_IF_PRESENT))), false, "")
+	check("expire gt without ttl", h.write(op(E, "t", exp(now+5000), cond(shardkvpb.WriteOp_IF_GREATER))), false, "")
+	check("expire lt without ttl", h.write(op(E, "t", exp(now+5000), cond(shardkvpb.WriteOp_IF_LESS))), true, "")
+	check("expire nx with ttl", h.write(op(E, "t", exp(now+9000), cond(shardkvpb.WriteOp_IF_ABSENT))), false, "")
+	check("expire gt smaller", h.write(op(E, "t", exp(now+4000), cond(shardkvpb.WriteOp_IF_GREATER))), false, "")
+	check("expire gt larger", h.write(op(E, "t", exp(now+8000), cond(shardkvpb.WriteOp_IF_GREATER))), true, "")
+	if h.entry("t").ExpireAtMs != now+8000 {
+		t.Fatal("EXPIRE GT did not set the expiry")
+	}
+	check("expire absent", h.write(op(E, "nope", exp(now+8000))), false, "")
+	check("persist", h.write(op(X, "t")), true, "")
+	check("persist again", h.write(op(X, "t")), false, "")
+	// EXPIRE in the past deletes at once.
+	check("expire past", h.write(op(E, "t", exp(now-1))), true, "")
+	if h.entry("t").Found {
+		t.Fatal("key expired in the past still visible")
+	}
+	check("delete absent", h.write(op(D, "t")), false, "")
+}
+
+// TestKeysExpireThroughTheLog: an expired key is invisible at once, and an
+// expire_keys entry deletes it and its index entry, in served shards only.
+func TestKeysExpireThroughTheLog(t *testing.T) {
+	h := newSMHarness(t)
+	now := h.now.UnixMilli()
+	h.write(op(shardkvpb.WriteOp_PUT, "short", val("v"), exp(now+1000)))
+	h.write(op(shardkvpb.WriteOp_PUT, "long", val("v"), exp(now+60_000)))
+	h.write(op(shardkvpb.WriteOp_PUT, "forever", val("v")))
+	if h.sm.expiryDue(now) {
+		t.Fatal("expiry due before any key expired")
+	}
+	if n := h.apply(&shardkvpb.GroupCommand{ExpireKeys: true}); n != 0 {
+		t.Fatalf("expired %v keys early", n)
+	}
+	h.now = h.now.Add(1500 * time.Millisecond)
+	if h.entry("short").Found {
+		t.Fatal("expired key visible")
+	}
+	s := shardOf(h, "short")
+	if !hasKey(t, h.sm, dataKey(s, []byte("short"))) {
+		t.Fatal("expired key deleted without a log entry")
+	}
+	if !h.sm.expiryDue(h.now.UnixMilli()) {
+		t.Fatal("expiry not due")
+	}
+	if n := h.apply(&shardkvpb.GroupCommand{ExpireKeys: true}); n != 1 {
+		t.Fatalf("expired %v keys, want 1", n)
+	}
+	if hasKey(t, h.sm, expiresKey(now+1000, s, []byte("short"))) {
+		t.Fatal("expiry index entry left behind")
+	}
+	if !hasKey(t, h.sm, tombstoneKey(s, []byte("short"))) {
+		t.Fatal("expired key left no tombstone")
+	}
+	if h.sm.expiryDue(h.now.UnixMilli()) {
+		t.Fatal("expiry still due")
+	}
+	// Overwriting a key moves its index entry.
+	h.write(op(shardkvpb.WriteOp_PUT, "long", val("w"), exp(now+2000)))
+	if hasKey(t, h.sm, expiresKey(now+60_000, shardOf(h, "long"), []byte("long"))) {
+		t.Fatal("overwrite left the old expiry index entry")
+	}
+	if !hasKey(t, h.sm, expiresKey(now+2000, shardOf(h, "long"), []byte("long"))) {
+		t.Fatal("overwrite did not index the new expiry")
+	}
+	h.now = h.now.Add(time.Second)
+	if n := h.apply(&shardkvpb.GroupCommand{ExpireKeys: true}); n != 1 || h.entry("long").Found || !h.entry("forever").Found {
+		t.Fatalf("expired %v; long found %v, forever found %v", n, h.entry("long").Found, h.entry("forever").Found)
+	}
+}
