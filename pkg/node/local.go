@@ -51,7 +51,7 @@ func ParseLocal(args []string, stderr io.Writer) (*LocalOptions, error) {
 	fs.StringVar(&o.DataDir, "data-dir", "./data", "where every replica keeps its state")
 	fs.IntVar(&o.BasePort, "base-port", 7000, "first port: gRPC base+i, HTTP base+1000+i, RESP base+2000+i for process i")
 	fs.StringVar(&o.Host, "host", "127.0.0.1", "address to listen on and advertise")
-	fs.BoolVar(&o.RESP, "resp", false, "serve the Redis protocol on every data-group replica")
+	fs.BoolVar(&o.RESP, "resp", true, "serve the Redis protocol on every data-group replica")
 	fs.IntVar(&o.Shards, "shards", routing.DefaultShards, "shard count (fixed when the cluster is created)")
 	fs.StringVar(&o.Placement, "placement", string(placement.Balanced), "balanced or consistent-hash (fixed when the cluster is created)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "children's log level")
@@ -81,9 +81,6 @@ func ParseLocal(args []string, stderr io.Writer) (*LocalOptions, error) {
 	}
 	if _, err := placement.Parse(o.Placement); err != nil {
 		return nil, fmt.Errorf("--placement: %w", err)
-	}
-	if o.RESP {
-		return nil, errors.New("--resp: the Redis protocol is not available in this build yet")
 	}
 	return o, nil
 }

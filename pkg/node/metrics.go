@@ -74,6 +74,11 @@ var (
 	descGCKeys     = prometheus.NewDesc("shardkv_gc_keys_total", "Keys of handed-off shards deleted.", nil, nil)
 	descErrors     = prometheus.NewDesc("shardkv_errors_total", "Failed gRPC calls, by kind.", []string{"kind"}, nil)
 	descConfig     = prometheus.NewDesc("shardkv_config_num", "Config number this replica has applied (data groups) or the latest (controller).", nil, nil)
+	descRESPConns  = prometheus.NewDesc("shardkv_resp_connected_clients", "Open Redis protocol connections.", nil, nil)
+	descRESPCmds   = prometheus.NewDesc("shardkv_resp_commands_total", "Redis commands processed.", nil, nil)
+	descRESPRefuse = prometheus.NewDesc("shardkv_resp_refused_total", "Redis commands answered MOVED, TRYAGAIN or CLUSTERDOWN (not executed).", nil, nil)
+	descRESPUnk    = prometheus.NewDesc("shardkv_resp_outcome_unknown_total", "Redis writes answered 'outcome unknown' (proposed, result not known).", nil, nil)
+	descRESPReject = prometheus.NewDesc("shardkv_resp_rejected_connections_total", "Redis connections refused at the client limit.", nil, nil)
 )
 
 // collector reads the replica's counters at scrape time.
@@ -81,7 +86,8 @@ type collector struct{ n *Node }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTerm, descCommit, descApplied, descLeader, descProposals, descPropFailed, descFsyncs,
-		descRounds, descReadIndex, descSnapSent, descSnapRecv, descDropped, descShards, descMigKeys, descMigBytes, descGCKeys, descErrors, descConfig} {
+		descRounds, descReadIndex, descSnapSent, descSnapRecv, descDropped, descShards, descMigKeys, descMigBytes, descGCKeys, descErrors, descConfig,
+		descRESPConns, descRESPCmds, descRESPRefuse, descRESPUnk, descRESPReject} {
 		ch <- d
 	}
 }
@@ -128,6 +134,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	if sm := c.n.ctrlSM; sm != nil {
 		_, latest := sm.Bounds()
 		gauge(descConfig, float64(latest))
+	}
+	if rs := c.n.resp; rs != nil {
+		st := rs.Stats()
+		gauge(descRESPConns, float64(st.ConnectedClients))
+		counter(descRESPCmds, uint64(st.TotalCommands))
+		counter(descRESPRefuse, uint64(st.Refused))
+		counter(descRESPUnk, uint64(st.OutcomeUnknown))
+		counter(descRESPReject, uint64(st.RejectedConnections))
 	}
 	for kind, v := range c.n.errs.snapshot() {
 		counter(descErrors, v, kind)

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/shardkv/shardkv/pkg/ctrler/placement"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
@@ -35,8 +36,13 @@ type Options struct {
 	RESP          string
 	RESPAdvertise string
 	RequirePass   string
-	HTTP          string
-	LogLevel      string
+	// Redis front-end limits (role=group).
+	RESPMaxClients      int
+	RESPMaxRequestBytes int
+	RESPWriteTimeout    time.Duration
+	MaxValueBytes       int
+	HTTP                string
+	LogLevel            string
 }
 
 // EnvPrefix: every flag can also come from SHARDKV_<FLAG> (upper case, '-'
@@ -87,6 +93,10 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.RESP, "resp", "", "Redis protocol listener host:port (role=group)")
 	fs.StringVar(&o.RESPAdvertise, "resp-advertise", "", "address clients use to reach --resp")
 	fs.StringVar(&o.RequirePass, "requirepass", "", "Redis AUTH password (prefer "+EnvName("requirepass")+")")
+	fs.IntVar(&o.RESPMaxClients, "resp-max-clients", 10000, "Redis connections served at once; more are refused with an error")
+	fs.IntVar(&o.RESPMaxRequestBytes, "resp-max-request-bytes", 16<<20, "largest Redis request (one command with its arguments); larger ones get a protocol error and the connection is closed")
+	fs.DurationVar(&o.RESPWriteTimeout, "resp-write-timeout", 2*time.Second, "how long a Redis write waits for its Raft entry to apply before answering 'outcome unknown' (keep it below clients' read timeouts: go-redis's default is 3s)")
+	fs.IntVar(&o.MaxValueBytes, "max-value-bytes", 512<<10, "largest value a write may carry (one value travels in one Raft entry; at most 8 MiB)")
 	fs.StringVar(&o.HTTP, "http", "", "host:port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -208,8 +218,27 @@ func (o *Options) validate() error {
 			return fmt.Errorf("--peers must include this replica (id %d)", o.ID)
 		}
 	}
-	if o.RESPAdvertise == "" {
-		o.RESPAdvertise = o.RESP
+	if o.RESP != "" {
+		if _, _, err := net.SplitHostPort(o.RESP); err != nil {
+			return fmt.Errorf("--resp=%q: %v", o.RESP, err)
+		}
+		if o.RESPAdvertise == "" {
+			host, _, _ := net.SplitHostPort(o.RESP)
+			if host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
+				return fmt.Errorf("--resp=%q is a wildcard address: give --resp-advertise with an address clients can reach", o.RESP)
+			}
+			o.RESPAdvertise = o.RESP
+		}
+	}
+	switch {
+	case o.RESPMaxClients < 1:
+		return fmt.Errorf("--resp-max-clients=%d: want >= 1", o.RESPMaxClients)
+	case o.RESPMaxRequestBytes < 1024:
+		return fmt.Errorf("--resp-max-request-bytes=%d: want >= 1024", o.RESPMaxRequestBytes)
+	case o.RESPWriteTimeout < 100*time.Millisecond:
+		return fmt.Errorf("--resp-write-timeout=%v: want >= 100ms", o.RESPWriteTimeout)
+	case o.MaxValueBytes < 1 || o.MaxValueBytes > 8<<20:
+		return fmt.Errorf("--max-value-bytes=%d: want 1 to %d", o.MaxValueBytes, 8<<20)
 	}
 	switch o.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -20,6 +20,7 @@ import (
 	"github.com/shardkv/shardkv/pkg/ctrler"
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/resp"
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/grpc"
@@ -145,6 +146,7 @@ type Node struct {
 	ctrlSM  *ctrler.StateMachine
 	groupSM *shardkv.StateMachine
 	group   *shardkv.Group
+	resp    *resp.Server
 	errs    *errorCounter
 
 	latestSeen atomic.Uint64
@@ -184,9 +186,6 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 	log = log.With("role", o.Role, "id", o.ID)
 	if o.Role == "group" {
 		log = log.With("group", o.Group)
-	}
-	if o.RESP != "" {
-		return nil, errors.New("--resp: the Redis protocol is not available in this build yet")
 	}
 	fresh, err := checkIdentity(o, log)
 	if err != nil {
@@ -235,9 +234,24 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 			lis.Close()
 			return nil, err
 		}
-		n.group = shardkv.NewGroup(shardkv.GroupConfig{Ctrler: n.ctrl, RESPAddr: o.RESPAdvertise, Logger: log}, n.replica, n.groupSM)
+		n.group = shardkv.NewGroup(shardkv.GroupConfig{Ctrler: n.ctrl, RESPAddr: o.RESPAdvertise, MaxValueBytes: o.MaxValueBytes, Logger: log}, n.replica, n.groupSM)
 		n.group.Register(n.grpc)
 		n.stop = append(n.stop, n.group.Stop, func() { n.ctrl.Close() })
+		if o.RESP != "" {
+			rl, err := net.Listen("tcp", o.RESP)
+			if err != nil {
+				n.group.Stop()
+				n.ctrl.Close()
+				n.replica.Close()
+				lis.Close()
+				return nil, fmt.Errorf("--resp: %w", err)
+			}
+			n.resp = resp.New(resp.Config{Password: o.RequirePass, MaxClients: o.RESPMaxClients, MaxRequestBytes: o.RESPMaxRequestBytes,
+				MaxValueBytes: o.MaxValueBytes, WriteTimeout: o.RESPWriteTimeout, Logger: log.With("api", "resp")}, n.group)
+			go n.resp.Serve(rl)
+			// Closed first on shutdown (n.stop runs in reverse).
+			n.stop = append(n.stop, func() { n.resp.Close() })
+		}
 		n.bgWG.Add(1)
 		go n.followController(bg)
 	}

@@ -74,3 +74,7 @@ func IsNotExecuted(err error) bool { return errors.Is(err, ErrNotExecuted) }
 
 // IsOutcomeUnknown reports whether the command may or may not take effect.
 func IsOutcomeUnknown(err error) bool { return errors.Is(err, ErrOutcomeUnknown) }
+
+// IsTooLarge reports whether err refused a command for its size (it was not
+// executed, and retrying it unchanged cannot succeed).
+func IsTooLarge(err error) bool { return errors.Is(err, errTooLarge) }

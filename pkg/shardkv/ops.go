@@ -93,7 +93,7 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, res 
 			res.Error = errNaN
 			return nil, nil
 		}
-		v := strconv.AppendFloat(nil, cur, 'f', -1, 64)
+		v := formatRedisFloat(cur)
 		res.Ok, res.Value = true, v
 		return &record{Value: v, ExpireAtMs: oldExpiry}, nil
 	case shardkvpb.WriteOp_EXPIRE:
@@ -117,6 +117,10 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, res 
 			}
 		case shardkvpb.WriteOp_IF_LESS:
 			if cur != 0 && next >= cur {
+				return nil, nil
+			}
+		case shardkvpb.WriteOp_IF_PRESENT_LESS:
+			if cur == 0 || next >= cur {
 				return nil, nil
 			}
 		}
@@ -149,16 +153,48 @@ func parseRedisInt(b []byte) (int64, bool) {
 }
 
 // parseRedisFloat parses a value as Redis does for INCRBYFLOAT: no
-// surrounding spaces, finite.
+// surrounding spaces, not NaN. "inf" parses (Redis then refuses the
+// infinite result); a finite number beyond float64's range is refused
+// (Redis computes in long double, which holds it: a documented difference).
 func parseRedisFloat(b []byte) (float64, bool) {
 	if len(b) == 0 || b[0] == ' ' || b[len(b)-1] == ' ' {
 		return 0, false
 	}
 	f, err := strconv.ParseFloat(string(b), 64)
-	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+	if err != nil || math.IsNaN(f) {
 		return 0, false
 	}
 	return f, true
+}
+
+// formatRedisFloat formats an INCRBYFLOAT result as Redis shows it: plain
+// decimal, no exponent, no trailing zeros. Redis computes in long double and
+// prints 17 digits, so 0.1+0.2 shows as 0.3; in float64 the sum is
+// 0.30000000000000004. When rounding to 15 significant digits moves the
+// value by at most 2 ulps, the difference is float64 noise from the
+// addition and the rounded value is shown (and stored); a value that really
+// has 16-17 digits keeps them.
+func formatRedisFloat(f float64) []byte {
+	if r, err := strconv.ParseFloat(strconv.FormatFloat(f, 'g', 15, 64), 64); err == nil && ulps(f, r) <= 2 {
+		f = r
+	}
+	return strconv.AppendFloat(nil, f, 'f', -1, 64)
+}
+
+// ulps is the distance between two finite float64s of the same sign in
+// units in the last place (a large number if the signs differ).
+func ulps(a, b float64) uint64 {
+	if a == b {
+		return 0
+	}
+	if (a < 0) != (b < 0) {
+		return math.MaxUint64
+	}
+	x, y := math.Float64bits(math.Abs(a)), math.Float64bits(math.Abs(b))
+	if x > y {
+		return x - y
+	}
+	return y - x
 }
 
 // putRecord stores next in place of old and keeps the tombstone and expiry

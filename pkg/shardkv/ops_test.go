@@ -70,9 +70,25 @@ func TestRedisOps(t *testing.T) {
 	if r := check("incrbyfloat 2", h.write(op(F, "f", val("0.1"))), true, ""); string(r.Value) != "10.6" {
 		t.Fatalf("incrbyfloat: %q", r.Value)
 	}
+	if r := check("incrbyfloat 0.2", h.write(op(F, "g", val("0.1"))), true, ""); string(r.Value) != "0.1" {
+		t.Fatalf("incrbyfloat: %q", r.Value)
+	}
+	if r := check("incrbyfloat 0.1+0.2", h.write(op(F, "g", val("0.2"))), true, ""); string(r.Value) != "0.3" {
+		t.Fatalf("incrbyfloat 0.1+0.2 = %q, want 0.3 as Redis shows it", r.Value)
+	}
+	if r := check("incrbyfloat 17 digits", h.write(op(F, "h", val("1.2345678901234567"))), true, ""); string(r.Value) != "1.2345678901234567" {
+		t.Fatalf("incrbyfloat kept %q, want all 17 digits", r.Value)
+	}
+	if r := check("incrbyfloat large", h.write(op(F, "h2", val("1e20"))), true, ""); string(r.Value) != "100000000000000000000" {
+		t.Fatalf("incrbyfloat 1e20 = %q, want no exponent", r.Value)
+	}
 	check("incrbyfloat on text", h.write(op(F, "s", val("1"))), false, errNotFloat)
 	check("incrbyfloat to inf", h.write(op(F, "f", val("1e308"), func(o *shardkvpb.WriteOp) {})), true, "")
 	check("incrbyfloat to inf 2", h.write(op(F, "f", val("1.7e308"))), false, errNaN)
+	h.write(op(P, "inf", val("inf")))
+	check("incrbyfloat on inf", h.write(op(F, "inf", val("1"))), false, errNaN)
+	check("incrbyfloat by inf", h.write(op(F, "f", val("inf"))), false, errNaN)
+	check("incrbyfloat by nan", h.write(op(F, "f", val("nan"))), false, errNotFloat)
 	// APPEND keeps the TTL; PUT without KEEPTTL drops it; PUT with KEEPTTL keeps it.
 	h.write(op(P, "t", val("a"), exp(now+60_000)))
 	if r := check("append", h.write(op(A, "t", val("bc"))), true, ""); r.Num != 3 || h.entry("t").ExpireAtMs != now+60_000 {
@@ -89,7 +105,11 @@ func TestRedisOps(t *testing.T) {
 	// EXPIRE conditions: no expiry counts as infinite.
 	check("expire xx without ttl", h.write(op(E, "t", exp(now+5000), cond(shardkvpb.WriteOp_IF_PRESENT))), false, "")
 	check("expire gt without ttl", h.write(op(E, "t", exp(now+5000), cond(shardkvpb.WriteOp_IF_GREATER))), false, "")
+	check("expire xx lt without ttl", h.write(op(E, "t", exp(now+5000), cond(shardkvpb.WriteOp_IF_PRESENT_LESS))), false, "")
 	check("expire lt without ttl", h.write(op(E, "t", exp(now+5000), cond(shardkvpb.WriteOp_IF_LESS))), true, "")
+	check("expire xx lt larger", h.write(op(E, "t", exp(now+6000), cond(shardkvpb.WriteOp_IF_PRESENT_LESS))), false, "")
+	check("expire xx lt smaller", h.write(op(E, "t", exp(now+5000-1), cond(shardkvpb.WriteOp_IF_PRESENT_LESS))), true, "")
+	check("expire back", h.write(op(E, "t", exp(now+5000))), true, "")
 	check("expire nx with ttl", h.write(op(E, "t", exp(now+9000), cond(shardkvpb.WriteOp_IF_ABSENT))), false, "")
 	check("expire gt smaller", h.write(op(E, "t", exp(now+4000), cond(shardkvpb.WriteOp_IF_GREATER))), false, "")
 	check("expire gt larger", h.write(op(E, "t", exp(now+8000), cond(shardkvpb.WriteOp_IF_GREATER))), true, "")

@@ -248,8 +248,14 @@ func (g *Group) RedisRead(ctx context.Context, keys [][]byte, followerReads bool
 		return nil, g.toLeader(keys[0])
 	}
 	if err := g.r.ReadIndex(ctx); err != nil {
-		if raftgroup.IsNotExecuted(err) && !followerReads {
-			return nil, g.toLeader(keys[0])
+		if raftgroup.IsNotExecuted(err) {
+			// A read has no effect: a refusal is always safe. Without
+			// READONLY the client belongs at the leader; with it, on any
+			// replica once a leader is known again.
+			if !followerReads {
+				return nil, g.toLeader(keys[0])
+			}
+			return nil, &Refusal{Kind: TryAgain, Slot: routing.Slot(keys[0]), Why: "no leader is known for this group right now"}
 		}
 		return nil, fmt.Errorf("read barrier: %w", err)
 	}
@@ -288,7 +294,7 @@ func (g *Group) RedisWrite(ctx context.Context, ops []*shardkvpb.WriteOp) ([]Wri
 			return nil, err
 		}
 		if op.Session != nil {
-			return nil, errors.New("Redis writes carry no session")
+			return nil, errors.New("a RESP write carries no client session")
 		}
 	}
 	out := make([]WriteOutcome, len(ops))
@@ -311,6 +317,9 @@ func (g *Group) RedisWrite(ctx context.Context, ops []*shardkvpb.WriteOp) ([]Wri
 	v, err := g.propose(ctx, &shardkvpb.GroupCommand{Writes: send})
 	switch {
 	case err == nil:
+	case raftgroup.IsTooLarge(err):
+		// Invalid input: retrying cannot help, so no TRYAGAIN.
+		return nil, fmt.Errorf("the batch is too large for one log entry: %w", err)
 	case raftgroup.IsNotExecuted(err):
 		var nl *raftgroup.NotLeaderError
 		if errors.As(err, &nl) {

@@ -513,7 +513,11 @@ func (g *Group) run() {
 					defer g.wg.Done()
 					ctx, cancel := context.WithTimeout(lead.ctx, 5*time.Second)
 					defer cancel()
-					if _, err := g.propose(ctx, &shardkvpb.GroupCommand{NextConfig: next}); err != nil {
+					res, err := g.propose(ctx, &shardkvpb.GroupCommand{NextConfig: next})
+					if err == nil {
+						err, _ = res.(error) // refused at apply (stale or early)
+					}
+					if err != nil {
 						g.log.Debug("proposing next config", "num", next.Num, "err", err)
 					} else {
 						g.log.Info("stepped to config", "num", next.Num)
@@ -604,9 +608,12 @@ func (g *Group) nextKnown() *shardkvpb.Config {
 		// A group that owns nothing (new, or left and fell behind) may
 		// start from the oldest config the controller still has (see
 		// nextConfig for why that is safe).
+		// Only configs ahead of ours: the watch prunes older ones only when
+		// a new config arrives, and proposing one we have already applied
+		// (it is refused at apply) made an idle group propose in a loop.
 		var best *shardkvpb.Config
 		for _, c := range g.known {
-			if best == nil || c.Num < best.Num {
+			if c.Num > cur && (best == nil || c.Num < best.Num) {
 				best = c
 			}
 		}

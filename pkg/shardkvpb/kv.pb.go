@@ -96,11 +96,12 @@ func (WriteOp_Kind) EnumDescriptor() ([]byte, []int) {
 type WriteOp_Cond int32
 
 const (
-	WriteOp_ALWAYS     WriteOp_Cond = 0
-	WriteOp_IF_ABSENT  WriteOp_Cond = 1 // NX: only if the key does not exist
-	WriteOp_IF_PRESENT WriteOp_Cond = 2 // XX: only if the key exists (EXPIRE: has an expiry)
-	WriteOp_IF_GREATER WriteOp_Cond = 3 // EXPIRE GT: new expiry > current (no expiry = infinite)
-	WriteOp_IF_LESS    WriteOp_Cond = 4 // EXPIRE LT: new expiry < current (no expiry = infinite)
+	WriteOp_ALWAYS          WriteOp_Cond = 0
+	WriteOp_IF_ABSENT       WriteOp_Cond = 1 // NX: only if the key does not exist
+	WriteOp_IF_PRESENT      WriteOp_Cond = 2 // XX: only if the key exists (EXPIRE: has an expiry)
+	WriteOp_IF_GREATER      WriteOp_Cond = 3 // EXPIRE GT: new expiry > current (no expiry = infinite)
+	WriteOp_IF_LESS         WriteOp_Cond = 4 // EXPIRE LT: new expiry < current (no expiry = infinite)
+	WriteOp_IF_PRESENT_LESS WriteOp_Cond = 5 // EXPIRE XX LT: has an expiry and new < current
 )
 
 // Enum value maps for WriteOp_Cond.
@@ -111,13 +112,15 @@ var (
 		2: "IF_PRESENT",
 		3: "IF_GREATER",
 		4: "IF_LESS",
+		5: "IF_PRESENT_LESS",
 	}
 	WriteOp_Cond_value = map[string]int32{
-		"ALWAYS":     0,
-		"IF_ABSENT":  1,
-		"IF_PRESENT": 2,
-		"IF_GREATER": 3,
-		"IF_LESS":    4,
+		"ALWAYS":          0,
+		"IF_ABSENT":       1,
+		"IF_PRESENT":      2,
+		"IF_GREATER":      3,
+		"IF_LESS":         4,
+		"IF_PRESENT_LESS": 5,
 	}
 )
 
@@ -1270,7 +1273,7 @@ const file_kv_proto_rawDesc = "" +
 	"\aSession\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xa2\x04\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xb7\x04\n" +
 	"\aWriteOp\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.shardkv.v1.WriteOp.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1298,7 +1301,7 @@ const file_kv_proto_rawDesc = "" +
 	"INCR_FLOAT\x10\x05\x12\n" +
 	"\n" +
 	"\x06EXPIRE\x10\x06\x12\v\n" +
-	"\aPERSIST\x10\a\"N\n" +
+	"\aPERSIST\x10\a\"c\n" +
 	"\x04Cond\x12\n" +
 	"\n" +
 	"\x06ALWAYS\x10\x00\x12\r\n" +
@@ -1307,7 +1310,8 @@ const file_kv_proto_rawDesc = "" +
 	"IF_PRESENT\x10\x02\x12\x0e\n" +
 	"\n" +
 	"IF_GREATER\x10\x03\x12\v\n" +
-	"\aIF_LESS\x10\x04\"\xb1\x01\n" +
+	"\aIF_LESS\x10\x04\x12\x13\n" +
+	"\x0fIF_PRESENT_LESS\x10\x05\"\xb1\x01\n" +
 	"\vWriteResult\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x12\n" +
 	"\x04prev\x18\x02 \x01(\fR\x04prev\x12\x1d\n" +

@@ -1,0 +1,624 @@
+package resp
+
+import (
+	"crypto/subtle"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/shardkv/shardkv/pkg/shardkv"
+	"github.com/tidwall/redcon"
+)
+
+// Connection and server commands. Keyless commands are answered by any
+// replica from its own state.
+
+// redisVersion is the Redis version the server is compatible with.
+const redisVersion = "7.0.0"
+
+func cmdPing(_ *conn, p *pipeline, args [][]byte, _ int) {
+	switch len(args) {
+	case 1:
+		p.reply(redcon.AppendString(nil, "PONG"))
+	case 2:
+		p.reply(redcon.AppendBulk(nil, args[1]))
+	default:
+		p.reply(wrongArgs("ping"))
+	}
+}
+
+func cmdEcho(_ *conn, p *pipeline, args [][]byte, _ int) {
+	p.reply(redcon.AppendBulk(nil, args[1]))
+}
+
+func cmdQuit(c *conn, p *pipeline, _ [][]byte, _ int) {
+	c.quit = true
+	p.reply(okReply())
+}
+
+func cmdReadOnly(c *conn, p *pipeline, _ [][]byte, _ int) {
+	c.setReadOnly(true)
+	p.reply(okReply())
+}
+
+func cmdReadWrite(c *conn, p *pipeline, _ [][]byte, _ int) {
+	c.setReadOnly(false)
+	p.reply(okReply())
+}
+
+// setReadOnly changes the READONLY flag. Only the connection's goroutine
+// writes it, under mu since CLIENT LIST reads it from other connections;
+// that goroutine reads it without the lock.
+func (c *conn) setReadOnly(ro bool) {
+	c.mu.Lock()
+	c.readonly = ro
+	c.mu.Unlock()
+}
+
+// cmdAsking: there are no migrating slots to ask about; a moving shard is
+// answered TRYAGAIN until it is served.
+func cmdAsking(_ *conn, p *pipeline, _ [][]byte, _ int) { p.reply(okReply()) }
+
+// cmdSelect: one database, as Redis Cluster.
+func cmdSelect(_ *conn, p *pipeline, args [][]byte, _ int) {
+	n, ok := parseInt(args[1])
+	switch {
+	case !ok:
+		p.reply(errReply(errNotInteger))
+	case n < math.MinInt32 || n > math.MaxInt32:
+		p.reply(errReply("ERR value is out of range, value must between -2147483648 and 2147483647"))
+	case n != 0:
+		p.reply(errReply("ERR SELECT is not allowed in cluster mode"))
+	default:
+		p.reply(okReply())
+	}
+}
+
+const (
+	errWrongPass = "WRONGPASS invalid username-password pair or user is disabled."
+	errNoPass    = "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?"
+)
+
+// authenticate checks credentials as Redis does with one user, "default",
+// whose password is Config.Password (none: the user accepts any password,
+// as Redis's nopass). hasUser is false for AUTH <password>. It returns the
+// error reply, or nil once the connection is authenticated.
+func (c *conn) authenticate(user, pass []byte, hasUser bool) []byte {
+	pw := c.s.cfg.Password
+	switch {
+	case !hasUser && pw == "":
+		return errReply(errNoPass)
+	case hasUser && string(user) != "default":
+		return errReply(errWrongPass)
+	case pw != "" && subtle.ConstantTimeCompare(pass, []byte(pw)) != 1:
+		return errReply(errWrongPass)
+	}
+	c.authed = true
+	return nil
+}
+
+func cmdAuth(c *conn, p *pipeline, args [][]byte, _ int) {
+	var e []byte
+	switch len(args) {
+	case 2:
+		e = c.authenticate(nil, args[1], false)
+	case 3:
+		e = c.authenticate(args[1], args[2], true)
+	default:
+		e = errReply(errSyntax)
+	}
+	if e != nil {
+		p.reply(e)
+		return
+	}
+	p.reply(okReply())
+}
+
+// cmdHello: HELLO [protover [AUTH user pass] [SETNAME name]]. Only RESP2 is
+// spoken: HELLO 3 is refused with NOPROTO (clients then stay on RESP2).
+func cmdHello(c *conn, p *pipeline, args [][]byte, _ int) {
+	if len(args) >= 2 {
+		v, ok := parseInt(args[1])
+		if !ok {
+			p.reply(errReply("ERR Protocol version is not an integer or out of range"))
+			return
+		}
+		if v != 2 {
+			p.reply(errReply("NOPROTO unsupported protocol version"))
+			return
+		}
+	}
+	var user, pass, name []byte
+	hasAuth, hasName := false, false
+	for j := 2; j < len(args); j++ {
+		more := len(args) - 1 - j
+		switch opt := strings.ToLower(string(args[j])); {
+		case opt == "auth" && more >= 2:
+			user, pass, hasAuth = args[j+1], args[j+2], true
+			j += 2
+		case opt == "setname" && more >= 1:
+			name, hasName = args[j+1], true
+			j++
+		default:
+			p.reply(errReply(fmt.Sprintf("ERR Syntax error in HELLO option '%s'", args[j])))
+			return
+		}
+	}
+	if hasAuth {
+		if e := c.authenticate(user, pass, true); e != nil {
+			p.reply(e)
+			return
+		}
+	}
+	if !c.authed {
+		p.reply(errReply("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time"))
+		return
+	}
+	if hasName {
+		if !validName(name) {
+			p.reply(errReply(errClientName))
+			return
+		}
+		c.setName(string(name))
+	}
+	role := "replica"
+	if c.s.b.ClusterView().Self.Leader {
+		role = "master"
+	}
+	b := redcon.AppendArray(nil, 14)
+	b = redcon.AppendBulkString(b, "server")
+	b = redcon.AppendBulkString(b, "redis")
+	b = redcon.AppendBulkString(b, "version")
+	b = redcon.AppendBulkString(b, redisVersion)
+	b = redcon.AppendBulkString(b, "proto")
+	b = redcon.AppendInt(b, 2)
+	b = redcon.AppendBulkString(b, "id")
+	b = redcon.AppendInt(b, c.id)
+	b = redcon.AppendBulkString(b, "mode")
+	b = redcon.AppendBulkString(b, "cluster")
+	b = redcon.AppendBulkString(b, "role")
+	b = redcon.AppendBulkString(b, role)
+	b = redcon.AppendBulkString(b, "modules")
+	b = redcon.AppendArray(b, 0)
+	p.reply(b)
+}
+
+const errClientName = "ERR Client names cannot contain spaces, newlines or special characters."
+
+// validName: printable ASCII without spaces (Redis's validateClientAttr).
+func validName(b []byte) bool {
+	for _, c := range b {
+		if c < '!' || c > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *conn) setName(n string) {
+	c.mu.Lock()
+	c.name = n
+	c.mu.Unlock()
+}
+
+// noteCommand records the last command (CLIENT LIST's cmd and idle).
+func (c *conn) noteCommand(name string) {
+	c.mu.Lock()
+	c.lastCmd, c.lastAt = name, time.Now()
+	c.mu.Unlock()
+}
+
+func cmdClientID(c *conn, p *pipeline, _ [][]byte, _ int) { p.reply(redcon.AppendInt(nil, c.id)) }
+
+func cmdClientSetName(c *conn, p *pipeline, args [][]byte, _ int) {
+	if !validName(args[2]) {
+		p.reply(errReply(errClientName))
+		return
+	}
+	c.setName(string(args[2]))
+	p.reply(okReply())
+}
+
+func cmdClientGetName(c *conn, p *pipeline, _ [][]byte, _ int) {
+	c.mu.Lock()
+	n := c.name
+	c.mu.Unlock()
+	if n == "" {
+		p.reply(redcon.AppendNull(nil))
+		return
+	}
+	p.reply(redcon.AppendBulkString(nil, n))
+}
+
+// cmdClientSetInfo: CLIENT SETINFO LIB-NAME|LIB-VER value (Redis 7.2).
+func cmdClientSetInfo(c *conn, p *pipeline, args [][]byte, _ int) {
+	attr := strings.ToLower(string(args[2]))
+	if attr != "lib-name" && attr != "lib-ver" {
+		p.reply(errReply(fmt.Sprintf("ERR Unrecognized option '%s'", args[2])))
+		return
+	}
+	if !validName(args[3]) {
+		p.reply(errReply(fmt.Sprintf("ERR %s cannot contain spaces, newlines or special characters.", attr)))
+		return
+	}
+	c.mu.Lock()
+	if attr == "lib-name" {
+		c.libName = string(args[3])
+	} else {
+		c.libVer = string(args[3])
+	}
+	c.mu.Unlock()
+	p.reply(okReply())
+}
+
+// info is the connection's CLIENT INFO / CLIENT LIST line (a subset of
+// Redis's fields; flags "r" for READONLY, else "N").
+func (c *conn) info() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	flags := "N"
+	if c.readonly {
+		flags = "r"
+	}
+	now := time.Now()
+	return fmt.Sprintf("id=%d addr=%s laddr=%s fd=-1 name=%s age=%d idle=%d flags=%s db=0 sub=0 psub=0 ssub=0 multi=-1 cmd=%s user=default lib-name=%s lib-ver=%s redir=-1 resp=2\n",
+		c.id, c.nc.RemoteAddr(), c.nc.LocalAddr(), c.name, int(now.Sub(c.created).Seconds()), int(now.Sub(c.lastAt).Seconds()),
+		flags, c.lastCmd, c.libName, c.libVer)
+}
+
+func cmdClientInfo(c *conn, p *pipeline, _ [][]byte, _ int) {
+	p.reply(redcon.AppendBulkString(nil, c.info()))
+}
+
+func cmdClientList(c *conn, p *pipeline, args [][]byte, _ int) {
+	if len(args) > 2 {
+		p.reply(errReply(errSyntax))
+		return
+	}
+	conns := c.s.clients()
+	slices.SortFunc(conns, func(a, b *conn) int { return int(a.id - b.id) })
+	var b strings.Builder
+	for _, o := range conns {
+		b.WriteString(o.info())
+	}
+	p.reply(redcon.AppendBulkString(nil, b.String()))
+}
+
+// configParams are the parameters CONFIG GET reports (read-only; tools such
+// as redis-benchmark ask for some of them). The password is never shown.
+func (s *Server) configParams() [][2]string {
+	return [][2]string{
+		{"appendonly", "no"},
+		{"cluster-enabled", "yes"},
+		{"databases", "1"},
+		{"maxclients", strconv.Itoa(s.cfg.MaxClients)},
+		{"maxmemory", "0"},
+		{"proto-max-bulk-len", strconv.Itoa(s.cfg.MaxRequestBytes)},
+		{"save", ""},
+		{"timeout", "0"},
+	}
+}
+
+func cmdConfigGet(c *conn, p *pipeline, args [][]byte, _ int) {
+	var out []string
+	for _, kv := range c.s.configParams() {
+		for _, pat := range args[2:] {
+			if glob(pat, []byte(kv[0]), true) {
+				out = append(out, kv[0], kv[1])
+				break
+			}
+		}
+	}
+	p.reply(appendBulkList(nil, out))
+}
+
+func cmdDBSize(c *conn, p *pipeline, _ [][]byte, _ int) {
+	p.barrier()
+	kc, err := c.s.b.KeyCounts()
+	if err != nil {
+		p.reply(errReply("ERR " + err.Error()))
+		return
+	}
+	p.reply(redcon.AppendInt(nil, int64(kc.Total)))
+}
+
+// Cursor table bounds: SCAN cursors are numbers, so the backend's positions
+// (keys) are kept here; the oldest are dropped first.
+const (
+	maxCursors     = 10000
+	maxCursorBytes = 8 << 20
+)
+
+// cursorTable maps SCAN cursor ids to backend positions. Ids are random so
+// that a cursor sent to another replica (or to a restarted one) is most
+// likely unknown there ("ERR invalid cursor") rather than another scan's.
+type cursorTable struct {
+	mu    sync.Mutex
+	pos   map[uint64][]byte
+	order []uint64 // insertion order, for eviction
+	bytes int
+}
+
+func newCursorTable() *cursorTable { return &cursorTable{pos: map[uint64][]byte{}} }
+
+func (t *cursorTable) put(pos []byte) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var id uint64
+	for id == 0 || t.pos[id] != nil {
+		id = rand.Uint64() >> 1 // positive as a signed 64-bit number too
+	}
+	t.pos[id] = pos
+	t.order = append(t.order, id)
+	t.bytes += len(pos)
+	for len(t.pos) > maxCursors || t.bytes > maxCursorBytes {
+		old := t.order[0]
+		t.order = t.order[1:]
+		t.bytes -= len(t.pos[old])
+		delete(t.pos, old)
+	}
+	return id
+}
+
+func (t *cursorTable) get(id uint64) ([]byte, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p, ok := t.pos[id]
+	return p, ok
+}
+
+// cmdScan: SCAN cursor [MATCH pattern] [COUNT count] [TYPE type], over the
+// keys of the shards this replica serves.
+func cmdScan(c *conn, p *pipeline, args [][]byte, _ int) {
+	id, err := strconv.ParseUint(string(args[1]), 10, 64)
+	if err != nil {
+		p.reply(errReply("ERR invalid cursor"))
+		return
+	}
+	var after []byte
+	if id != 0 {
+		pos, ok := c.s.cursors.get(id)
+		if !ok {
+			p.reply(errReply("ERR invalid cursor"))
+			return
+		}
+		after = pos
+	}
+	count := int64(10)
+	var pattern []byte
+	stringsOK := true
+	for i := 2; i < len(args); i += 2 {
+		if i+1 >= len(args) {
+			p.reply(errReply(errSyntax))
+			return
+		}
+		switch opt := string(args[i]); {
+		case strings.EqualFold(opt, "count"):
+			n, ok := parseInt(args[i+1])
+			if !ok {
+				p.reply(errReply(errNotInteger))
+				return
+			}
+			if n < 1 {
+				p.reply(errReply(errSyntax))
+				return
+			}
+			count = n
+		case strings.EqualFold(opt, "match"):
+			pattern = args[i+1]
+			if string(pattern) == "*" {
+				pattern = nil
+			}
+		case strings.EqualFold(opt, "type"):
+			// Every key is a string; another type matches nothing.
+			stringsOK = strings.EqualFold(string(args[i+1]), "string")
+		default:
+			p.reply(errReply(errSyntax))
+			return
+		}
+	}
+	var match func([]byte) bool
+	switch {
+	case !stringsOK:
+		match = func([]byte) bool { return false }
+	case pattern != nil:
+		match = func(k []byte) bool { return glob(pattern, k, false) }
+	}
+	p.barrier()
+	keys, next, err := c.s.b.Scan(after, int(min(count, 1<<20)), match)
+	if err != nil {
+		p.reply(errReply("ERR " + err.Error()))
+		return
+	}
+	cursor := "0"
+	if next != nil {
+		cursor = strconv.FormatUint(c.s.cursors.put(next), 10)
+	}
+	b := redcon.AppendArray(nil, 2)
+	b = redcon.AppendBulkString(b, cursor)
+	b = redcon.AppendArray(b, len(keys))
+	for _, k := range keys {
+		b = redcon.AppendBulk(b, k)
+	}
+	p.reply(b)
+}
+
+// infoSection is one INFO section: a title and key:value lines.
+type infoSection struct {
+	name  string
+	lines []string
+}
+
+// cmdInfo: INFO [section ...]. Sections: server, clients, stats,
+// replication, cluster, keyspace and raft (all of them by default).
+func cmdInfo(c *conn, p *pipeline, args [][]byte, _ int) {
+	p.barrier()
+	want := map[string]bool{}
+	all := len(args) == 1
+	for _, a := range args[1:] {
+		s := strings.ToLower(string(a))
+		if s == "all" || s == "everything" || s == "default" {
+			all = true
+		}
+		want[s] = true
+	}
+	var b strings.Builder
+	for _, sec := range c.s.infoSections(func(name string) bool { return all || want[name] }) {
+		if b.Len() > 0 {
+			b.WriteString("\r\n")
+		}
+		b.WriteString("# " + sec.name + "\r\n")
+		for _, l := range sec.lines {
+			b.WriteString(l + "\r\n")
+		}
+	}
+	p.reply(redcon.AppendBulkString(nil, b.String()))
+}
+
+// infoSections builds the sections include asks for.
+func (s *Server) infoSections(include func(string) bool) []infoSection {
+	var out []infoSection
+	add := func(name string, lines func() []string) {
+		if include(strings.ToLower(name)) {
+			out = append(out, infoSection{name, lines()})
+		}
+	}
+	view := s.b.ClusterView()
+	add("Server", func() []string {
+		up := time.Since(s.started)
+		_, port, _ := net.SplitHostPort(view.Self.Addr)
+		return []string{
+			"redis_version:" + redisVersion,
+			"shardkv_version:" + s.cfg.Version,
+			"redis_mode:cluster",
+			"os:" + runtime.GOOS + " " + runtime.GOARCH,
+			"arch_bits:" + strconv.Itoa(strconv.IntSize),
+			"process_id:" + strconv.Itoa(os.Getpid()),
+			"run_id:" + view.Self.ID,
+			"tcp_port:" + port,
+			"uptime_in_seconds:" + strconv.Itoa(int(up.Seconds())),
+			"uptime_in_days:" + strconv.Itoa(int(up.Hours()/24)),
+		}
+	})
+	add("Clients", func() []string {
+		return []string{
+			fmt.Sprintf("connected_clients:%d", s.stats.connected.Load()),
+			"cluster_connections:0",
+			fmt.Sprintf("maxclients:%d", s.cfg.MaxClients),
+			"blocked_clients:0",
+		}
+	})
+	add("Stats", func() []string {
+		st := s.Stats()
+		return []string{
+			fmt.Sprintf("total_connections_received:%d", st.TotalConnections),
+			fmt.Sprintf("total_commands_processed:%d", st.TotalCommands),
+			fmt.Sprintf("total_net_input_bytes:%d", st.NetInputBytes),
+			fmt.Sprintf("total_net_output_bytes:%d", st.NetOutputBytes),
+			fmt.Sprintf("rejected_connections:%d", st.RejectedConnections),
+			fmt.Sprintf("refused_commands:%d", st.Refused),
+			fmt.Sprintf("outcome_unknown_writes:%d", st.OutcomeUnknown),
+			fmt.Sprintf("protocol_errors:%d", st.ProtocolErrors),
+		}
+	})
+	add("Replication", func() []string { return replicationInfo(view) })
+	add("Cluster", func() []string { return []string{"cluster_enabled:1"} })
+	var kc shardkv.KeyCounts
+	var kcErr error
+	if include("keyspace") || include("raft") {
+		kc, kcErr = s.b.KeyCounts()
+		if kcErr != nil {
+			s.log.Warn("INFO: counting keys", "err", kcErr)
+		}
+	}
+	add("Keyspace", func() []string {
+		if kcErr != nil || kc.Total == 0 {
+			return nil // as Redis: only databases with keys
+		}
+		return []string{fmt.Sprintf("db0:keys=%d,expires=%d,avg_ttl=0", kc.Total, kc.Expires)}
+	})
+	add("Raft", func() []string {
+		st := s.b.RaftStatus()
+		lines := []string{
+			fmt.Sprintf("raft_group_id:%d", st.GetGroupId()),
+			fmt.Sprintf("raft_replica_id:%d", st.GetId()),
+			"raft_role:" + st.GetRole(),
+			fmt.Sprintf("raft_term:%d", st.GetTerm()),
+			fmt.Sprintf("raft_leader:%d", st.GetLeader()),
+			fmt.Sprintf("raft_commit_index:%d", st.GetCommit()),
+			fmt.Sprintf("raft_applied_index:%d", st.GetApplied()),
+			fmt.Sprintf("raft_snapshot_index:%d", st.GetSnapshotIndex()),
+			fmt.Sprintf("raft_first_index:%d", st.GetFirstIndex()),
+			fmt.Sprintf("raft_last_index:%d", st.GetLastIndex()),
+			fmt.Sprintf("config_num:%d", view.ConfigNum),
+		}
+		if kcErr == nil {
+			for _, state := range shardStates(kc) {
+				lines = append(lines, fmt.Sprintf("keys_%s:%d", strings.ToLower(string(state)), kc.ByState[state]))
+			}
+			for _, state := range shardStates(kc) {
+				lines = append(lines, fmt.Sprintf("shards_%s:%d", strings.ToLower(string(state)), kc.Shards[state]))
+			}
+		}
+		return lines
+	})
+	return out
+}
+
+// shardStates lists the shard states to report: the known ones in their
+// lifecycle order, then any other the backend reports.
+func shardStates(kc shardkv.KeyCounts) []shardkv.ShardState {
+	out := []shardkv.ShardState{shardkv.Serving, shardkv.Pulling, shardkv.Acking, shardkv.BePulling, shardkv.GCing}
+	var extra []shardkv.ShardState
+	for _, m := range []map[shardkv.ShardState]int{kc.ByState, kc.Shards} {
+		for st := range m {
+			if st != shardkv.NotOwned && !slices.Contains(out, st) && !slices.Contains(extra, st) {
+				extra = append(extra, st)
+			}
+		}
+	}
+	slices.Sort(extra)
+	return append(out, extra...)
+}
+
+// replicationInfo is INFO replication: the group leader is the master.
+func replicationInfo(view shardkv.ClusterView) []string {
+	g := view.Group(view.Self.GID)
+	if view.Self.Leader {
+		lines := []string{"role:master"}
+		var replicas []string
+		if g != nil {
+			for _, n := range g.Nodes {
+				if n.Self || n.Leader {
+					continue
+				}
+				host, port, _ := net.SplitHostPort(n.Addr)
+				replicas = append(replicas, fmt.Sprintf("slave%d:ip=%s,port=%s,state=online,offset=0,lag=0", len(replicas), host, port))
+			}
+		}
+		lines = append(lines, fmt.Sprintf("connected_slaves:%d", len(replicas)))
+		return append(lines, replicas...)
+	}
+	lines := []string{"role:slave"}
+	var leader *shardkv.RedisNode
+	if g != nil {
+		for i := range g.Nodes {
+			if g.Nodes[i].Leader {
+				leader = &g.Nodes[i]
+			}
+		}
+	}
+	if leader == nil {
+		return append(lines, "master_host:", "master_port:0", "master_link_status:down", "connected_slaves:0")
+	}
+	host, port, _ := net.SplitHostPort(leader.Addr)
+	return append(lines, "master_host:"+host, "master_port:"+port, "master_link_status:up", "connected_slaves:0")
+}

@@ -1,0 +1,482 @@
+package resp
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/shardkv/shardkv/pkg/routing"
+	"github.com/tidwall/redcon"
+)
+
+// handler runs a command whose arity, authentication and key slots were
+// checked. slot is the slot of its keys (-1 for a keyless command).
+type handler func(c *conn, p *pipeline, args [][]byte, slot int)
+
+// command describes a command as Redis 7's COMMAND reports it, and runs it.
+type command struct {
+	name              string // lower case; "container|sub" for a subcommand
+	arity             int    // Redis convention: -N means at least N
+	flags             []string
+	first, last, step int // key positions (last < 0: from the end)
+	acl               []string
+	tips              []string
+	keyFlags          []string // the key spec's flags (keyed commands)
+	keyNotes          string   // the key spec's notes, if any
+	subs              []*command
+	run               handler
+}
+
+// commandTable is the supported command set. It is built per Server (not a
+// package variable) because handlers such as COMMAND read it back.
+func commandTable() map[string]*command {
+	// Flag and category sets (Redis 7.0's values).
+	var (
+		fRO      = []string{"readonly", "fast"}
+		fWrite   = []string{"write", "fast"}
+		fWriteDO = []string{"write", "denyoom", "fast"}
+		fConn    = []string{"loading", "stale", "fast"}
+		fNoAuth  = []string{"noscript", "loading", "stale", "fast", "no_auth", "allow_busy"}
+		fSub     = []string{"noscript", "loading", "stale"}
+		aStrR    = []string{"@read", "@string", "@fast"}
+		aStrW    = []string{"@write", "@string", "@fast"}
+		aKeyR    = []string{"@keyspace", "@read", "@fast"}
+		aKeyW    = []string{"@keyspace", "@write", "@fast"}
+		aConn    = []string{"@fast", "@connection"}
+		aSlowC   = []string{"@slow", "@connection"}
+		aSlow    = []string{"@slow"}
+	)
+	key1 := func(name string, arity int, flags, acl, keyFlags []string, run handler) *command {
+		return &command{name: name, arity: arity, flags: flags, first: 1, last: 1, step: 1, acl: acl, keyFlags: keyFlags, run: run}
+	}
+	keys := func(name string, arity int, flags, acl, tips, keyFlags []string, step int, run handler) *command {
+		return &command{name: name, arity: arity, flags: flags, first: 1, last: -1, step: step, acl: acl, tips: tips, keyFlags: keyFlags, run: run}
+	}
+	none := func(name string, arity int, flags, acl, tips []string, run handler) *command {
+		return &command{name: name, arity: arity, flags: flags, acl: acl, tips: tips, run: run}
+	}
+	rw := []string{"RW", "access", "update"}
+	multi := []string{"request_policy:multi_shard"}
+	sum := []string{"request_policy:multi_shard", "response_policy:agg_sum"}
+	list := []*command{
+		// Strings.
+		key1("get", 2, fRO, aStrR, []string{"RO", "access"}, cmdGet),
+		{name: "set", arity: -3, flags: []string{"write", "denyoom"}, first: 1, last: 1, step: 1, acl: []string{"@write", "@string", "@slow"},
+			keyFlags: []string{"RW", "access", "update", "variable_flags"}, keyNotes: "RW and ACCESS due to the optional `GET` argument", run: cmdSet},
+		key1("setnx", 3, fWriteDO, aStrW, []string{"OW", "insert"}, cmdSetNX),
+		key1("getset", 3, fWriteDO, aStrW, rw, cmdGetSet),
+		key1("getdel", 2, fWrite, aStrW, []string{"RW", "access", "delete"}, cmdGetDel),
+		key1("append", 3, fWriteDO, aStrW, []string{"RW", "insert"}, cmdAppend),
+		key1("strlen", 2, fRO, aStrR, []string{"RO"}, cmdStrlen),
+		key1("incr", 2, fWriteDO, aStrW, rw, cmdIncr),
+		key1("decr", 2, fWriteDO, aStrW, rw, cmdIncr),
+		key1("incrby", 3, fWriteDO, aStrW, rw, cmdIncr),
+		key1("decrby", 3, fWriteDO, aStrW, rw, cmdIncr),
+		key1("incrbyfloat", 3, fWriteDO, aStrW, rw, cmdIncrByFloat),
+		keys("mget", -2, fRO, aStrR, multi, []string{"RO", "access"}, 1, cmdMGet),
+		keys("mset", -3, []string{"write", "denyoom"}, []string{"@write", "@string", "@slow"}, []string{"request_policy:multi_shard", "response_policy:all_succeeded"}, []string{"OW", "update"}, 2, cmdMSet),
+		// Keys.
+		keys("del", -2, []string{"write"}, []string{"@keyspace", "@write", "@slow"}, sum, []string{"RM", "delete"}, 1, cmdDel),
+		keys("unlink", -2, fWrite, aKeyW, sum, []string{"RM", "delete"}, 1, cmdDel),
+		keys("exists", -2, fRO, aKeyR, sum, []string{"RO"}, 1, cmdExists),
+		key1("type", 2, fRO, aKeyR, []string{"RO"}, cmdType),
+		key1("expire", -3, fWrite, aKeyW, []string{"RW", "update"}, cmdExpire),
+		key1("pexpire", -3, fWrite, aKeyW, []string{"RW", "update"}, cmdExpire),
+		key1("expireat", -3, fWrite, aKeyW, []string{"RW", "update"}, cmdExpire),
+		key1("pexpireat", -3, fWrite, aKeyW, []string{"RW", "update"}, cmdExpire),
+		{name: "ttl", arity: 2, flags: fRO, first: 1, last: 1, step: 1, acl: aKeyR, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO", "access"}, run: cmdTTL},
+		{name: "pttl", arity: 2, flags: fRO, first: 1, last: 1, step: 1, acl: aKeyR, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO", "access"}, run: cmdTTL},
+		key1("persist", 2, fWrite, aKeyW, []string{"RW", "update"}, cmdPersist),
+		none("scan", -2, []string{"readonly"}, []string{"@keyspace", "@read", "@slow"}, []string{"nondeterministic_output", "request_policy:special"}, cmdScan),
+		none("dbsize", 1, fRO, aKeyR, []string{"request_policy:all_shards", "response_policy:agg_sum"}, cmdDBSize),
+		// Connection.
+		none("ping", -1, []string{"fast"}, aConn, []string{"request_policy:all_shards", "response_policy:all_succeeded"}, cmdPing),
+		none("echo", 2, fConn, aConn, nil, cmdEcho),
+		none("hello", -1, fNoAuth, aConn, nil, cmdHello),
+		none("auth", -2, fNoAuth, aConn, nil, cmdAuth),
+		none("select", 2, fConn, aConn, nil, cmdSelect),
+		none("quit", -1, fNoAuth, aConn, nil, cmdQuit),
+		none("readonly", 1, fConn, aConn, nil, cmdReadOnly),
+		none("readwrite", 1, fConn, aConn, nil, cmdReadWrite),
+		none("asking", 1, []string{"fast"}, aConn, nil, cmdAsking),
+		{name: "client", arity: -2, acl: aSlow, subs: []*command{
+			none("client|id", 2, fSub, aSlowC, nil, cmdClientID),
+			none("client|setname", 3, fSub, aSlowC, nil, cmdClientSetName),
+			none("client|getname", 2, fSub, aSlowC, nil, cmdClientGetName),
+			none("client|setinfo", 4, fSub, aSlowC, nil, cmdClientSetInfo),
+			none("client|info", 2, fSub, aSlowC, []string{"nondeterministic_output"}, cmdClientInfo),
+			none("client|list", -2, []string{"admin", "noscript", "loading", "stale"}, []string{"@admin", "@slow", "@dangerous", "@connection"}, []string{"nondeterministic_output"}, cmdClientList),
+			none("client|help", 2, []string{"loading", "stale"}, aSlowC, nil, cmdHelp),
+		}},
+		// Server.
+		none("info", -1, []string{"loading", "stale"}, []string{"@slow", "@dangerous"}, []string{"nondeterministic_output", "request_policy:all_shards", "response_policy:special"}, cmdInfo),
+		{name: "command", arity: -1, flags: []string{"loading", "stale"}, acl: aSlowC, tips: []string{"nondeterministic_output_order"}, run: cmdCommand, subs: []*command{
+			none("command|count", 2, []string{"loading", "stale"}, aSlowC, nil, cmdCommandCount),
+			none("command|info", -2, []string{"loading", "stale"}, aSlowC, []string{"nondeterministic_output_order"}, cmdCommandInfo),
+			none("command|docs", -2, []string{"loading", "stale"}, aSlowC, []string{"nondeterministic_output_order"}, cmdCommandDocs),
+			none("command|list", -2, []string{"loading", "stale"}, aSlowC, []string{"nondeterministic_output_order"}, cmdCommandList),
+			none("command|getkeys", -4, []string{"loading", "stale"}, aSlowC, nil, cmdCommandGetKeys),
+			none("command|help", 2, []string{"loading", "stale"}, aSlowC, nil, cmdHelp),
+		}},
+		{name: "config", arity: -2, acl: aSlow, subs: []*command{
+			none("config|get", -3, []string{"admin", "noscript", "loading", "stale"}, []string{"@admin", "@slow", "@dangerous"}, nil, cmdConfigGet),
+			none("config|help", 2, []string{"loading", "stale"}, aSlow, nil, cmdHelp),
+		}},
+		// Cluster.
+		{name: "cluster", arity: -2, acl: aSlow, subs: []*command{
+			none("cluster|info", 2, []string{"stale"}, aSlow, []string{"nondeterministic_output"}, cmdClusterInfo),
+			none("cluster|myid", 2, []string{"stale"}, aSlow, nil, cmdClusterMyID),
+			none("cluster|keyslot", 3, []string{"stale"}, aSlow, nil, cmdClusterKeySlot),
+			none("cluster|slots", 2, []string{"stale"}, aSlow, []string{"nondeterministic_output"}, cmdClusterSlots),
+			none("cluster|shards", 2, []string{"stale"}, aSlow, []string{"nondeterministic_output"}, cmdClusterShards),
+			none("cluster|nodes", 2, []string{"stale"}, aSlow, []string{"nondeterministic_output"}, cmdClusterNodes),
+			none("cluster|countkeysinslot", 3, []string{"stale"}, aSlow, nil, cmdClusterCountKeysInSlot),
+			none("cluster|getkeysinslot", 4, []string{"stale"}, aSlow, []string{"nondeterministic_output"}, cmdClusterGetKeysInSlot),
+			none("cluster|help", 2, []string{"loading", "stale"}, aSlow, nil, cmdHelp),
+		}},
+	}
+	m := make(map[string]*command, len(list))
+	for _, c := range list {
+		m[c.name] = c
+	}
+	return m
+}
+
+// sub returns the subcommand name (lower case) of a container command.
+func (cmd *command) sub(name string) *command {
+	for _, s := range cmd.subs {
+		if s.name[strings.IndexByte(s.name, '|')+1:] == name {
+			return s
+		}
+	}
+	return nil
+}
+
+func (cmd *command) arityOK(argc int) bool {
+	if cmd.arity >= 0 {
+		return argc == cmd.arity
+	}
+	return argc >= -cmd.arity
+}
+
+func (cmd *command) noAuth() bool { return slices.Contains(cmd.flags, "no_auth") }
+
+// keys returns the key arguments, by first/last/step as Redis does.
+func (cmd *command) keys(args [][]byte) [][]byte {
+	if cmd.first == 0 {
+		return nil
+	}
+	last := cmd.last
+	if last < 0 {
+		last += len(args)
+	}
+	var out [][]byte
+	for i := cmd.first; i <= last && i < len(args); i += cmd.step {
+		out = append(out, args[i])
+	}
+	return out
+}
+
+// run runs the commands of one read, in order, and writes their replies.
+func (c *conn) run(cmds []redcon.Command) {
+	p := &pipeline{c: c}
+	for _, cmd := range cmds {
+		if c.quit {
+			break // QUIT: Redis ignores what follows
+		}
+		c.s.stats.commands.Add(1)
+		c.dispatch(p, cmd.Args)
+	}
+	p.barrier()
+	for _, it := range p.items {
+		c.wr.WriteRaw(it.out)
+	}
+}
+
+// dispatch checks a command as Redis does, in Redis's order (lookup,
+// arity, authentication, cross-slot keys), then runs it.
+func (c *conn) dispatch(p *pipeline, args [][]byte) {
+	name := strings.ToLower(string(args[0]))
+	cmd := c.s.cmds[name]
+	if cmd == nil {
+		p.reply(unknownCommand(args))
+		return
+	}
+	if len(cmd.subs) > 0 && len(args) >= 2 {
+		sub := cmd.sub(strings.ToLower(string(args[1])))
+		if sub == nil {
+			p.reply(errReply(fmt.Sprintf("ERR unknown subcommand '%s'. Try %s HELP.", trunc(args[1], 128), strings.ToUpper(name))))
+			return
+		}
+		cmd = sub
+	}
+	if !cmd.arityOK(len(args)) || cmd.run == nil {
+		p.reply(wrongArgs(cmd.name))
+		return
+	}
+	if !c.authed && !cmd.noAuth() {
+		p.reply(errReply("NOAUTH Authentication required."))
+		return
+	}
+	slot := -1
+	if keys := cmd.keys(args); len(keys) > 0 {
+		slot = routing.Slot(keys[0])
+		for _, k := range keys[1:] {
+			if routing.Slot(k) != slot {
+				p.reply(errReply("CROSSSLOT Keys in request don't hash to the same slot"))
+				return
+			}
+		}
+	}
+	c.noteCommand(cmd.name)
+	cmd.run(c, p, args, slot)
+}
+
+// unknownCommand is Redis's error for an unknown command: the name and the
+// start of the arguments, each quoted and followed by a space, 128 bytes at
+// most.
+func unknownCommand(args [][]byte) []byte {
+	var b strings.Builder
+	for i := 1; i < len(args) && b.Len() < 128; i++ {
+		fmt.Fprintf(&b, "'%s' ", trunc(args[i], 128-b.Len()))
+	}
+	return errReply(fmt.Sprintf("ERR unknown command '%s', with args beginning with: %s", trunc(args[0], 128), b.String()))
+}
+
+func trunc(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[:n]
+	}
+	return b
+}
+
+func wrongArgs(name string) []byte {
+	return errReply(fmt.Sprintf("ERR wrong number of arguments for '%s' command", name))
+}
+
+// appendCommandInfo appends cmd's COMMAND entry: the 10 fields of Redis 7
+// (name, arity, flags, first key, last key, step, ACL categories, tips, key
+// specs, subcommands).
+func appendCommandInfo(b []byte, cmd *command) []byte {
+	b = redcon.AppendArray(b, 10)
+	b = redcon.AppendBulkString(b, cmd.name)
+	b = redcon.AppendInt(b, int64(cmd.arity))
+	b = appendStatusList(b, cmd.flags)
+	b = redcon.AppendInt(b, int64(cmd.first))
+	b = redcon.AppendInt(b, int64(cmd.last))
+	b = redcon.AppendInt(b, int64(cmd.step))
+	b = appendStatusList(b, cmd.acl)
+	b = appendBulkList(b, cmd.tips)
+	if cmd.first == 0 {
+		b = redcon.AppendArray(b, 0)
+	} else {
+		// One key spec: keys start at index `first` and run to `last`
+		// (relative to it, or from the end) every `step`.
+		lastKey := 0
+		if cmd.last < 0 {
+			lastKey = cmd.last
+		}
+		b = redcon.AppendArray(b, 1)
+		if cmd.keyNotes != "" {
+			b = redcon.AppendArray(b, 8)
+			b = redcon.AppendBulkString(b, "notes")
+			b = redcon.AppendBulkString(b, cmd.keyNotes)
+		} else {
+			b = redcon.AppendArray(b, 6)
+		}
+		b = redcon.AppendBulkString(b, "flags")
+		b = appendStatusList(b, cmd.keyFlags)
+		b = redcon.AppendBulkString(b, "begin_search")
+		b = redcon.AppendArray(b, 4)
+		b = redcon.AppendBulkString(b, "type")
+		b = redcon.AppendBulkString(b, "index")
+		b = redcon.AppendBulkString(b, "spec")
+		b = redcon.AppendArray(b, 2)
+		b = redcon.AppendBulkString(b, "index")
+		b = redcon.AppendInt(b, int64(cmd.first))
+		b = redcon.AppendBulkString(b, "find_keys")
+		b = redcon.AppendArray(b, 4)
+		b = redcon.AppendBulkString(b, "type")
+		b = redcon.AppendBulkString(b, "range")
+		b = redcon.AppendBulkString(b, "spec")
+		b = redcon.AppendArray(b, 6)
+		b = redcon.AppendBulkString(b, "lastkey")
+		b = redcon.AppendInt(b, int64(lastKey))
+		b = redcon.AppendBulkString(b, "keystep")
+		b = redcon.AppendInt(b, int64(cmd.step))
+		b = redcon.AppendBulkString(b, "limit")
+		b = redcon.AppendInt(b, 0)
+	}
+	b = redcon.AppendArray(b, len(cmd.subs))
+	for _, s := range cmd.subs {
+		b = appendCommandInfo(b, s)
+	}
+	return b
+}
+
+func appendStatusList(b []byte, l []string) []byte {
+	b = redcon.AppendArray(b, len(l))
+	for _, s := range l {
+		b = redcon.AppendString(b, s)
+	}
+	return b
+}
+
+func appendBulkList(b []byte, l []string) []byte {
+	b = redcon.AppendArray(b, len(l))
+	for _, s := range l {
+		b = redcon.AppendBulkString(b, s)
+	}
+	return b
+}
+
+// sortedCommands lists the top-level commands by name.
+func (s *Server) sortedCommands() []*command {
+	out := make([]*command, 0, len(s.cmds))
+	for _, c := range s.cmds {
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b *command) int { return strings.Compare(a.name, b.name) })
+	return out
+}
+
+// lookup finds a command or subcommand by "name" or "container|sub".
+func (s *Server) lookup(name string) *command {
+	name = strings.ToLower(name)
+	top, sub, ok := strings.Cut(name, "|")
+	cmd := s.cmds[top]
+	if cmd == nil || !ok {
+		return cmd
+	}
+	return cmd.sub(sub)
+}
+
+func cmdCommand(c *conn, p *pipeline, args [][]byte, _ int) {
+	cmds := c.s.sortedCommands()
+	b := redcon.AppendArray(nil, len(cmds))
+	for _, cmd := range cmds {
+		b = appendCommandInfo(b, cmd)
+	}
+	p.reply(b)
+}
+
+func cmdCommandCount(c *conn, p *pipeline, _ [][]byte, _ int) {
+	p.reply(redcon.AppendInt(nil, int64(len(c.s.cmds))))
+}
+
+func cmdCommandInfo(c *conn, p *pipeline, args [][]byte, _ int) {
+	if len(args) == 2 {
+		cmdCommand(c, p, args, -1)
+		return
+	}
+	b := redcon.AppendArray(nil, len(args)-2)
+	for _, a := range args[2:] {
+		if cmd := c.s.lookup(string(a)); cmd != nil {
+			b = appendCommandInfo(b, cmd)
+		} else {
+			b = redcon.AppendNull(b)
+		}
+	}
+	p.reply(b)
+}
+
+// cmdCommandDocs answers an empty map: documentation is optional, and
+// clients (redis-cli's hints) do without it.
+func cmdCommandDocs(_ *conn, p *pipeline, _ [][]byte, _ int) {
+	p.reply(redcon.AppendArray(nil, 0))
+}
+
+func cmdCommandList(c *conn, p *pipeline, args [][]byte, _ int) {
+	if len(args) > 2 {
+		p.reply(errReply("ERR syntax error"))
+		return
+	}
+	cmds := c.s.sortedCommands()
+	var names []string
+	for _, cmd := range cmds {
+		names = append(names, cmd.name)
+		for _, s := range cmd.subs {
+			names = append(names, s.name)
+		}
+	}
+	p.reply(appendBulkList(nil, names))
+}
+
+func cmdCommandGetKeys(c *conn, p *pipeline, args [][]byte, _ int) {
+	target := args[2:]
+	cmd := c.s.cmds[strings.ToLower(string(target[0]))]
+	if cmd != nil && len(cmd.subs) > 0 && len(target) >= 2 {
+		cmd = cmd.sub(strings.ToLower(string(target[1])))
+	}
+	switch {
+	case cmd == nil:
+		p.reply(errReply("ERR Invalid command specified"))
+	case !cmd.arityOK(len(target)):
+		p.reply(errReply("ERR Invalid number of arguments specified for command"))
+	case cmd.first == 0:
+		p.reply(errReply("ERR The command has no key arguments"))
+	default:
+		keys := cmd.keys(target)
+		b := redcon.AppendArray(nil, len(keys))
+		for _, k := range keys {
+			b = redcon.AppendBulk(b, k)
+		}
+		p.reply(b)
+	}
+}
+
+// helpText is the HELP reply of a container command.
+func helpText(name string) []string {
+	return map[string][]string{
+		"client": {
+			"CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+			"GETNAME", "    Return the name of the current connection.",
+			"ID", "    Return the ID of the current connection.",
+			"INFO", "    Return information about the current client connection.",
+			"LIST", "    Return information about client connections.",
+			"SETNAME <name>", "    Assign the name <name> to the current connection.",
+			"SETINFO <option> <value>", "    Set client meta attr (LIB-NAME, LIB-VER).",
+			"HELP", "    Print this help.",
+		},
+		"command": {
+			"COMMAND <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+			"(no subcommand)", "    Return details about all commands.",
+			"COUNT", "    Return the total number of commands in this server.",
+			"LIST", "    Return a list of all commands in this server.",
+			"INFO [<command-name> ...]", "    Return details about the given commands, or all of them.",
+			"DOCS [<command-name> ...]", "    Return documentation (none is served).",
+			"GETKEYS <full-command>", "    Return the keys from a full command.",
+			"HELP", "    Print this help.",
+		},
+		"config": {
+			"CONFIG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+			"GET <pattern>", "    Return parameters matching the glob-like <pattern> and their values.",
+			"HELP", "    Print this help.",
+		},
+		"cluster": {
+			"CLUSTER <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+			"COUNTKEYSINSLOT <slot>", "    Return the number of keys in <slot>.",
+			"GETKEYSINSLOT <slot> <count>", "    Return key names stored by this replica in a slot.",
+			"INFO", "    Return information about the cluster.",
+			"KEYSLOT <key>", "    Return the hash slot for <key>.",
+			"MYID", "    Return the node id.",
+			"NODES", "    Return cluster configuration seen by node.",
+			"SHARDS", "    Return information about slot range mappings and the nodes of each shard.",
+			"SLOTS", "    Return information about slots range mappings.",
+			"HELP", "    Print this help.",
+		},
+	}[name]
+}
+
+func cmdHelp(_ *conn, p *pipeline, args [][]byte, _ int) {
+	lines := helpText(strings.ToLower(string(args[0])))
+	b := redcon.AppendArray(nil, len(lines))
+	for _, l := range lines {
+		b = redcon.AppendString(b, l)
+	}
+	p.reply(b)
+}
+
+func errReply(msg string) []byte { return redcon.AppendError(nil, msg) }
+
+func okReply() []byte { return redcon.AppendOK(nil) }
