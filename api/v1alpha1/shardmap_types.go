@@ -1,0 +1,166 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ShardMapSpec is the desired cluster.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.placement) || self.placement == oldSelf.placement",message="placement is immutable: it is fixed when the cluster is created"
+type ShardMapSpec struct {
+	// Shards is the number of shards the 16384 slots are split into: a
+	// power of two from 1 to 16384. Fixed when the cluster is created.
+	// +kubebuilder:default=256
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=16384
+	// +kubebuilder:validation:XValidation:rule="self in [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]",message="shards must be a power of two between 1 and 16384"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="shards is immutable: it is fixed when the cluster is created"
+	// +optional
+	Shards int32 `json:"shards,omitempty"`
+
+	// Placement is how shards are spread over groups: balanced (fewest
+	// moves, equal counts by weight) or consistent-hash. Immutable.
+	// +kubebuilder:default=balanced
+	// +kubebuilder:validation:Enum=balanced;consistent-hash
+	// +optional
+	Placement string `json:"placement,omitempty"`
+
+	// Controller is the shard controller group.
+	// +optional
+	Controller ControllerSpec `json:"controller,omitempty"`
+
+	// Moves pin shards to groups (by ReplicaGroup name), applied with the
+	// controller's Move. Removing a pin lets placement move the shard again.
+	// +listType=map
+	// +listMapKey=shard
+	// +kubebuilder:validation:MaxItems=1024
+	// +optional
+	Moves []ShardMove `json:"moves,omitempty"`
+
+	// Paused stops the operator from changing anything of this cluster
+	// (its ReplicaGroups included); status is still updated.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+}
+
+// ControllerSpec is the shard controller's Raft group.
+type ControllerSpec struct {
+	// Replicas of the controller group: odd, so a majority is well defined.
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=7
+	// +kubebuilder:validation:XValidation:rule="self % 2 == 1",message="controller replicas must be odd (1, 3, 5 or 7)"
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+	// Image of the node binary; defaults to the operator's own image.
+	// +optional
+	Image string `json:"image,omitempty"`
+	// +kubebuilder:default=IfNotPresent
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+	// +optional
+	Storage StorageSpec `json:"storage,omitempty"`
+}
+
+// ShardMove pins one shard to a group.
+type ShardMove struct {
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=16383
+	Shard int32 `json:"shard"`
+	// Group is the ReplicaGroup's name.
+	// +kubebuilder:validation:MinLength=1
+	Group string `json:"group"`
+}
+
+// ShardMapStatus is the observed cluster.
+type ShardMapStatus struct {
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// ConfigNum is the latest config of the controller.
+	// +optional
+	ConfigNum int64 `json:"configNum,omitempty"`
+	// +optional
+	ControllerReadyReplicas int32 `json:"controllerReadyReplicas,omitempty"`
+	// Groups are the groups in the latest config.
+	// +optional
+	Groups []GroupRef `json:"groups,omitempty"`
+	// GroupCount is len(groups), for the printer column.
+	// +optional
+	GroupCount int32 `json:"groupCount,omitempty"`
+	// Table is the shard table as runs of owner and state.
+	// +optional
+	Table []ShardRange `json:"table,omitempty"`
+	// ShardStates counts shards by state.
+	// +optional
+	ShardStates map[string]int32 `json:"shardStates,omitempty"`
+	// MigratingShards is how many shards are moving.
+	// +optional
+	MigratingShards int32 `json:"migratingShards,omitempty"`
+	// Migrations in flight, by source and target.
+	// +optional
+	Migrations []Migration `json:"migrations,omitempty"`
+	// NextGroupID is the next group id to assign; ids are never reused.
+	// +optional
+	NextGroupID int64 `json:"nextGroupID,omitempty"`
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// GroupRef is a group of the cluster.
+type GroupRef struct {
+	Name    string `json:"name"`
+	GroupID int64  `json:"groupID"`
+	// +optional
+	Shards int32 `json:"shards,omitempty"`
+}
+
+// Migration is shards moving from one group to another.
+type Migration struct {
+	Source string `json:"source"`
+	Target string `json:"target"`
+	Shards int32  `json:"shards"`
+	// Keys copied so far and in all, over these shards.
+	// +optional
+	Keys int64 `json:"keys,omitempty"`
+	// +optional
+	TotalKeys int64 `json:"totalKeys,omitempty"`
+	// Progress is keys/totalKeys as a percentage, e.g. "42%".
+	// +optional
+	Progress string `json:"progress,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=sm,categories=shardkv
+// +kubebuilder:printcolumn:name="Config",type=integer,JSONPath=`.status.configNum`
+// +kubebuilder:printcolumn:name="Groups",type=integer,JSONPath=`.status.groupCount`
+// +kubebuilder:printcolumn:name="Shards",type=integer,JSONPath=`.spec.shards`
+// +kubebuilder:printcolumn:name="Migrating",type=integer,JSONPath=`.status.migratingShards`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// ShardMap is a shardkv cluster: its controller group and shard table.
+type ShardMap struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   ShardMapSpec   `json:"spec,omitempty"`
+	Status ShardMapStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// ShardMapList is a list of ShardMaps.
+type ShardMapList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ShardMap `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&ShardMap{}, &ShardMapList{})
+}
