@@ -22,8 +22,10 @@ import (
 // Options are `node serve`'s flags: a stable contract for tests, the
 // operator's pods and users' scripts.
 type Options struct {
-	Role          string
-	ID            uint64
+	Role string
+	ID   uint64
+	// IDAuto: --id=auto (see resolveAutoID).
+	IDAuto        bool
 	DataDir       string
 	Listen        string
 	Advertise     string
@@ -80,7 +82,7 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 	o := &Options{}
 	var peers, ctrler string
 	fs.StringVar(&o.Role, "role", "", "ctrler or group")
-	fs.Uint64Var(&o.ID, "id", 0, "replica id within its group, >= 1, never reused")
+	fs.Var(idFlag{o}, "id", "replica id within its group, >= 1, never reused; or auto: the id on disk, else the --peers entry whose address is --advertise (bootstrap), else a fresh id, joining (for StatefulSets)")
 	fs.StringVar(&o.DataDir, "data-dir", "", "directory for all of this replica's state")
 	fs.StringVar(&o.Listen, "listen", "", "host:port for Raft and the gRPC API")
 	fs.StringVar(&o.Advertise, "advertise", "", "address others use to reach --listen (default: --listen unless it is a wildcard)")
@@ -126,6 +128,32 @@ func splitList(s string) []string {
 	return out
 }
 
+// idFlag is --id: a number, or "auto".
+type idFlag struct{ o *Options }
+
+func (f idFlag) String() string {
+	if f.o == nil {
+		return ""
+	}
+	if f.o.IDAuto {
+		return "auto"
+	}
+	return strconv.FormatUint(f.o.ID, 10)
+}
+
+func (f idFlag) Set(v string) error {
+	if v == "auto" {
+		f.o.ID, f.o.IDAuto = 0, true
+		return nil
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || n == 0 {
+		return fmt.Errorf("want a number >= 1 or auto")
+	}
+	f.o.ID, f.o.IDAuto = n, false
+	return nil
+}
+
 // ParsePeers parses "id=host:port,...".
 func ParsePeers(s string) ([]raftgroup.Peer, error) {
 	var out []raftgroup.Peer
@@ -160,8 +188,8 @@ func (o *Options) validate() error {
 	default:
 		return fmt.Errorf("--role=%q: want ctrler or group", o.Role)
 	}
-	if o.ID == 0 {
-		return errors.New("--id is required and must be >= 1")
+	if o.ID == 0 && !o.IDAuto {
+		return errors.New("--id is required: a number >= 1, or auto")
 	}
 	if o.DataDir == "" {
 		return errors.New("--data-dir is required")
@@ -200,7 +228,11 @@ func (o *Options) validate() error {
 			return fmt.Errorf("--placement: %w", err)
 		}
 	}
-	if o.Join && len(o.Peers) > 0 {
+	if o.IDAuto {
+		if o.Join {
+			return errors.New("--join with --id=auto: auto decides whether to join")
+		}
+	} else if o.Join && len(o.Peers) > 0 {
 		found := false
 		for _, p := range o.Peers {
 			found = found || p.ID == o.ID
@@ -209,7 +241,7 @@ func (o *Options) validate() error {
 			return fmt.Errorf("--join with --peers listing id %d: a joining replica needs a new id, not one of the existing members", o.ID)
 		}
 	}
-	if !o.Join && len(o.Peers) > 0 {
+	if !o.Join && !o.IDAuto && len(o.Peers) > 0 {
 		found := false
 		for _, p := range o.Peers {
 			found = found || p.ID == o.ID

@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -97,12 +100,72 @@ func checkIdentity(o *Options, log *slog.Logger) (fresh bool, err error) {
 	return false, nil
 }
 
+// resolveAutoID picks the replica id for --id=auto, the mode for pods of a
+// StatefulSet, where every pod gets the same flags:
+//   - a data dir that has an identity keeps it (what is on disk wins);
+//   - a fresh data dir whose --advertise is one of --peers bootstraps the
+//     group with that peer's id, unless the group already exists and lists
+//     that id: then this is a replica whose disk was lost, which must never
+//     come back under its old id (it forgot its votes and log);
+//   - otherwise (a scale-out pod, or a lost disk) it takes a fresh random id
+//     and starts empty as a joiner, waiting to be added (the operator adds
+//     it as a learner and removes the old id).
+func resolveAutoID(ctx context.Context, o *Options, groupID uint64, log *slog.Logger) error {
+	b, err := os.ReadFile(filepath.Join(o.DataDir, "node.json"))
+	switch {
+	case err == nil:
+		var id identity
+		if err := json.Unmarshal(b, &id); err != nil {
+			return fmt.Errorf("%s: %w", filepath.Join(o.DataDir, "node.json"), err)
+		}
+		o.ID = id.ID
+		// A replica that started as a joiner restarts as one (its id is
+		// not among the bootstrap peers); raftgroup then resumes from its
+		// state, or keeps waiting to be added.
+		if !slices.ContainsFunc(o.Peers, func(p raftgroup.Peer) bool { return p.ID == o.ID }) {
+			o.Join, o.Peers = true, nil
+		}
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return err
+	}
+	for _, p := range o.Peers {
+		if p.Addr != o.Advertise {
+			continue
+		}
+		o.ID = p.ID
+		err := checkNotRebootstrapping(ctx, o, groupID, true)
+		if err == nil {
+			log.Info("--id=auto: bootstrapping as an initial member", "id", o.ID)
+			return nil
+		}
+		log.Warn("--id=auto: this replica's disk was lost; joining with a fresh id instead", "old_id", p.ID, "reason", err)
+	}
+	var r [8]byte
+	if _, err := rand.Read(r[:]); err != nil {
+		return err
+	}
+	// A random id below 2^53 (exact in JSON numbers) and above the small
+	// ids of initial members: never reused in practice.
+	o.ID = 1<<20 + binary.BigEndian.Uint64(r[:])%(1<<53-1<<20)
+	o.Join, o.Peers = true, nil
+	log.Info("--id=auto: starting empty with a fresh id; waiting to be added to the group", "id", o.ID)
+	return nil
+}
+
 // checkNotRebootstrapping refuses to bootstrap an empty data dir into a group
 // that already exists: that is a replica whose disk was lost coming back
 // under its old id, which can break Raft's safety (it forgot its votes and
 // log). Such a replica must join with --join and a new id. Peers that cannot
 // be reached are skipped, so this is best effort.
-func checkNotRebootstrapping(ctx context.Context, o *Options, groupID uint64) error {
+//
+// strict (--id=auto) refuses as soon as the group has held an election:
+// this replica may have voted or acknowledged entries before its disk was
+// lost. A late-starting initial member is then refused too and joins with a
+// fresh id, which costs one membership change, never safety. Without strict,
+// only a group that has run past its bootstrap entries is taken as existing,
+// so a group whose replicas start one after another (node local) forms.
+func checkNotRebootstrapping(ctx context.Context, o *Options, groupID uint64, strict bool) error {
 	for _, p := range o.Peers {
 		if p.ID == o.ID {
 			continue
@@ -120,6 +183,13 @@ func checkNotRebootstrapping(ctx context.Context, o *Options, groupID uint64) er
 		}
 		// A new group's log starts with one membership entry per initial
 		// peer; anything past that means the group already ran.
+		if strict && (st.Term >= 2 || st.Leader != 0 || st.Commit > uint64(len(o.Peers))) {
+			// An initial member (we are in --peers) of a group that has
+			// held an election; a follower may not list members, so do not
+			// wait for one that does.
+			return fmt.Errorf("replica %d has an empty data dir, but group %d has already held an election (peer %d: term %d, leader %d, commit %d)",
+				o.ID, groupID, p.ID, st.Term, st.Leader, st.Commit)
+		}
 		if st.Commit > uint64(len(o.Peers))+1 {
 			for _, m := range st.Members {
 				if m.Id == o.ID {
@@ -183,6 +253,15 @@ func (n *Node) trackStream(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 
 // Start opens the replica and starts serving. Stop it with Shutdown.
 func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
+	groupID := uint64(CtrlerGroupID)
+	if o.Role == "group" {
+		groupID = o.Group
+	}
+	if o.IDAuto {
+		if err := resolveAutoID(ctx, o, groupID, log); err != nil {
+			return nil, err
+		}
+	}
 	log = log.With("role", o.Role, "id", o.ID)
 	if o.Role == "group" {
 		log = log.With("group", o.Group)
@@ -191,12 +270,8 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	groupID := uint64(CtrlerGroupID)
-	if o.Role == "group" {
-		groupID = o.Group
-	}
 	if fresh && !o.Join && len(o.Peers) > 0 {
-		if err := checkNotRebootstrapping(ctx, o, groupID); err != nil {
+		if err := checkNotRebootstrapping(ctx, o, groupID, false); err != nil {
 			os.Remove(filepath.Join(o.DataDir, "node.json"))
 			return nil, err
 		}
