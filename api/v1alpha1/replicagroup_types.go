@@ -35,6 +35,7 @@ type ReplicaGroupSpec struct {
 	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
 	// +optional
 	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+	// +kubebuilder:default={}
 	// +optional
 	Storage StorageSpec `json:"storage,omitempty"`
 	// PVCRetention is what happens to a replica's volume when the replica is
@@ -145,6 +146,3 @@ type ReplicaGroupList struct {
 	Items           []ReplicaGroup `json:"items"`
 }
 
-func init() {
-	SchemeBuilder.Register(&ReplicaGroup{}, &ReplicaGroupList{})
-}

@@ -26,6 +26,7 @@ type ShardMapSpec struct {
 	Placement string `json:"placement,omitempty"`
 
 	// Controller is the shard controller group.
+	// +kubebuilder:default={}
 	// +optional
 	Controller ControllerSpec `json:"controller,omitempty"`
 
@@ -50,6 +51,7 @@ type ControllerSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=7
 	// +kubebuilder:validation:XValidation:rule="self % 2 == 1",message="controller replicas must be odd (1, 3, 5 or 7)"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="controller replicas cannot change yet: resizing the controller group is not supported"
 	// +optional
 	Replicas int32 `json:"replicas,omitempty"`
 	// Image of the node binary; defaults to the operator's own image.
@@ -60,6 +62,7 @@ type ControllerSpec struct {
 	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
 	// +optional
 	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+	// +kubebuilder:default={}
 	// +optional
 	Storage StorageSpec `json:"storage,omitempty"`
 }
@@ -161,6 +164,3 @@ type ShardMapList struct {
 	Items           []ShardMap `json:"items"`
 }
 
-func init() {
-	SchemeBuilder.Register(&ShardMap{}, &ShardMapList{})
-}

@@ -1,0 +1,56 @@
+package controllers
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Ports every shardkv pod uses.
+const (
+	GRPCPort = 7000 // Raft, admin and client gRPC
+	RESPPort = 6379 // Redis protocol (data groups)
+	HTTPPort = 8080 // /healthz, /readyz, /metrics
+)
+
+// Labels on everything the operator creates.
+const (
+	LabelName      = "app.kubernetes.io/name"      // always "shardkv"
+	LabelInstance  = "app.kubernetes.io/instance"  // the ShardMap's name
+	LabelComponent = "app.kubernetes.io/component" // "controller" or "group"
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelGroup     = "shardkv.io/replicagroup" // the ReplicaGroup's name (data group pods)
+	ManagedBy      = "shardkv-operator"
+)
+
+// Finalizer keeps a ReplicaGroup until its shards are drained.
+const Finalizer = "shardkv.io/drain"
+
+// CtrlerName is the name of the controller group's StatefulSet, headless
+// Service and PodDisruptionBudget of ShardMap sm.
+func CtrlerName(sm string) string { return sm + "-ctrler" }
+
+// PodDNS is the stable DNS name of pod <set>-<ordinal> behind the headless
+// Service named like the StatefulSet.
+func PodDNS(set string, ordinal int, namespace string) string {
+	return fmt.Sprintf("%s-%d.%s.%s.svc", set, ordinal, set, namespace)
+}
+
+// PeersFlag is --peers for the first n replicas of a StatefulSet: replica
+// ids 1..n at ordinals 0..n-1.
+func PeersFlag(set string, n int, namespace string) string {
+	parts := make([]string, n)
+	for i := range n {
+		parts[i] = fmt.Sprintf("%d=%s:%d", i+1, PodDNS(set, i, namespace), GRPCPort)
+	}
+	return strings.Join(parts, ",")
+}
+
+// CtrlerAddrs are the controller replicas' gRPC addresses (DNS) for a
+// controller group of n replicas.
+func CtrlerAddrs(sm string, n int, namespace string) []string {
+	out := make([]string, n)
+	for i := range n {
+		out[i] = fmt.Sprintf("%s:%d", PodDNS(CtrlerName(sm), i, namespace), GRPCPort)
+	}
+	return out
+}

@@ -1,0 +1,716 @@
+package controllers
+
+// The ReplicaGroup planner: a pure function from one observation of a group
+// (its spec and status, StatefulSet, pods, what each replica's admin API
+// says, and the controller's latest config) to the one next safe step. The
+// reconciler observes, asks nextStep, executes that step, and comes back.
+// Nothing is remembered between passes except what the observation shows,
+// so a crash, a lost update or a changed spec between two passes only
+// changes the next step, never leaves a half-done one behind.
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+)
+
+// maxCatchUpLag is how far (in log entries) a member's replicated index may
+// trail the leader's commit index and still count as caught up: the same
+// margin /readyz allows a replica's applied index.
+const maxCatchUpLag = 1000
+
+// stepKind is what one pass does.
+type stepKind string
+
+const (
+	// stepIdle: nothing to do; the group is where the spec wants it.
+	stepIdle stepKind = "Idle"
+	// stepWait: a step is in progress or blocked; Reason/Message say on what.
+	stepWait stepKind = "Wait"
+
+	stepAddFinalizer     stepKind = "AddFinalizer"
+	stepAllocateGroupID  stepKind = "AllocateGroupID"
+	stepScaleStatefulSet stepKind = "ScaleStatefulSet" // Replicas
+	stepAddLearner       stepKind = "AddLearner"       // ID at Ordinal
+	stepPromote          stepKind = "Promote"          // ID
+	stepRemoveMember     stepKind = "RemoveMember"     // ID
+	stepTransferLeader   stepKind = "TransferLeader"   // ID: the new leader
+	stepJoin             stepKind = "Join"             // Servers
+	stepLeave            stepKind = "Leave"
+	stepRestartPod       stepKind = "RestartPod"      // Ordinal: delete the pod to roll it
+	stepRecreateReplica  stepKind = "RecreateReplica" // Ordinal: delete PVC and pod of a removed replica
+	stepDeletePVC        stepKind = "DeletePVC"       // Ordinal
+	stepFinalize         stepKind = "Finalize"        // delete PVCs per retention, drop the finalizer
+)
+
+// Reasons of Wait steps (and of the conditions they set).
+const (
+	reasonPaused                = "Paused"
+	reasonShardMapNotFound      = "ShardMapNotFound"
+	reasonCreating              = "CreatingStatefulSet"
+	reasonNoLeader              = "WaitingForLeader"
+	reasonWaitingForPod         = "WaitingForPod"
+	reasonLearnerCatchingUp     = "LearnerCatchingUp"
+	reasonWaitingForQuorum      = "WaitingForQuorum"
+	reasonControllerUnreachable = "ControllerUnreachable"
+	reasonWaitingForDrain       = "WaitingForDrain"
+	reasonLastGroupHoldsData    = "LastGroupHoldsData"
+	reasonWaitingForRollout     = "WaitingForRollout"
+	reasonStaleReplica          = "StaleReplica"
+	reasonLostReplica           = "ReplaceLostReplica"
+	reasonScaleIn               = "ScaleIn"
+	reasonScaleOut              = "ScaleOut"
+	reasonRollingUpdate         = "RollingUpdate"
+	reasonJoin                  = "Join"
+	reasonUpdateServers         = "UpdateServers"
+	reasonLeave                 = "Leave"
+	reasonDrained               = "Drained"
+	reasonPVCCleanup            = "DeletePVC"
+	reasonBootstrap             = "Bootstrap"
+	reasonIdle                  = "Idle"
+)
+
+// step is the planner's answer: one action and why.
+type step struct {
+	Kind     stepKind
+	Ordinal  int
+	ID       uint64
+	Replicas int32
+	Servers  []*shardkvpb.Server
+	// Reason is a CamelCase word for conditions and events; Message says
+	// what is done or waited for, in a sentence.
+	Reason  string
+	Message string
+}
+
+func (s step) String() string {
+	switch s.Kind {
+	case stepScaleStatefulSet:
+		return fmt.Sprintf("%s(%d)", s.Kind, s.Replicas)
+	case stepAddLearner:
+		return fmt.Sprintf("%s(%d@%d)", s.Kind, s.ID, s.Ordinal)
+	case stepPromote, stepRemoveMember, stepTransferLeader:
+		return fmt.Sprintf("%s(%d)", s.Kind, s.ID)
+	case stepRestartPod, stepRecreateReplica, stepDeletePVC:
+		return fmt.Sprintf("%s(%d)", s.Kind, s.Ordinal)
+	case stepJoin:
+		ids := make([]string, len(s.Servers))
+		for i, sv := range s.Servers {
+			ids[i] = strconv.FormatUint(sv.Id, 10)
+		}
+		return fmt.Sprintf("%s(%s)", s.Kind, strings.Join(ids, ","))
+	case stepWait:
+		return fmt.Sprintf("%s(%s)", s.Kind, s.Reason)
+	}
+	return string(s.Kind)
+}
+
+// mutates reports whether executing s changes anything.
+func (s step) mutates() bool { return s.Kind != stepIdle && s.Kind != stepWait }
+
+// podView is one pod of the group's StatefulSet as observed.
+type podView struct {
+	Ordinal  int
+	Name     string
+	UID      types.UID
+	Exists   bool
+	Deleting bool
+	Ready    bool
+	// Revision is the pod's controller-revision-hash label.
+	Revision string
+	// Status is what the replica's admin API answered (nil: unreachable).
+	Status *shardkvpb.MemberStatus
+}
+
+// memberView is one Raft member as the leader reports it.
+type memberView struct {
+	ID uint64
+	// Ordinal of the pod whose address the member has; -1 if the address
+	// is not one of this group's pods.
+	Ordinal int
+	Learner bool
+	// Match is the leader's replicated index of the member.
+	Match uint64
+}
+
+// observed is everything a pass knows about one ReplicaGroup.
+type observed struct {
+	Name, Namespace string
+
+	Deleting     bool
+	HasFinalizer bool
+	Paused       bool
+	// ShardMapGone: the ShardMap is missing or being deleted.
+	ShardMapGone bool
+
+	GroupID   uint64
+	Phase     string
+	Desired   int32 // spec.replicas
+	Bootstrap int32 // replicas the group was bootstrapped with
+	Weight    uint32
+
+	// StsReplicas is the StatefulSet's spec.replicas; -1: no StatefulSet.
+	StsReplicas int32
+	// UpdateRevision is the StatefulSet's status.updateRevision when the
+	// status is current ("" otherwise: no rolling decisions).
+	UpdateRevision     string
+	PVCRetentionDelete bool
+
+	// Pods by ordinal (every ordinal below StsReplicas has an entry, with
+	// Exists false when there is no pod; pods beyond it are listed too).
+	Pods map[int]*podView
+	// PVCs are the ordinals that have a data-<rg>-<ordinal> claim (not
+	// being deleted); PVCUIDs their UIDs.
+	PVCs    []int
+	PVCUIDs map[int]types.UID
+
+	// Leader is the leader's own status (nil: no leader found); its
+	// Members are the group's membership.
+	Leader        *shardkvpb.MemberStatus
+	LeaderOrdinal int
+	Members       []memberView
+
+	// Config is the controller's latest config (nil: unreachable).
+	Config *shardkvpb.Config
+	// Reports are the group reports by gid from the controller's Status
+	// (only observed while deleting; nil: not known).
+	Reports map[uint64]*shardkvpb.GroupReport
+}
+
+// majority of n voters.
+func majority(n int) int { return n/2 + 1 }
+
+func (o *observed) pod(ordinal int) *podView {
+	if p, ok := o.Pods[ordinal]; ok {
+		return p
+	}
+	return &podView{Ordinal: ordinal}
+}
+
+func (o *observed) voters() []memberView {
+	var out []memberView
+	for _, m := range o.Members {
+		if !m.Learner {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (o *observed) membersAt(ordinal int) []memberView {
+	var out []memberView
+	for _, m := range o.Members {
+		if m.Ordinal == ordinal {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func (o *observed) member(id uint64) (memberView, bool) {
+	for _, m := range o.Members {
+		if m.ID == id {
+			return m, true
+		}
+	}
+	return memberView{}, false
+}
+
+func (o *observed) isLeader(m memberView) bool { return o.Leader != nil && m.ID == o.Leader.Id }
+
+// caughtUp: the member's log is within maxCatchUpLag of the leader's commit.
+func (o *observed) caughtUp(m memberView) bool {
+	if o.Leader == nil {
+		return false
+	}
+	if o.isLeader(m) {
+		return true
+	}
+	return m.Match > 0 && m.Match+maxCatchUpLag >= o.Leader.Commit
+}
+
+// healthy: the member's pod runs it, answers, and is caught up.
+func (o *observed) healthy(m memberView) bool {
+	if m.Ordinal < 0 {
+		return false
+	}
+	p := o.pod(m.Ordinal)
+	if !p.Exists || p.Deleting || p.Status == nil || p.Status.Id != m.ID {
+		return false
+	}
+	switch p.Status.Role {
+	case "leader", "follower", "learner":
+	default:
+		return false
+	}
+	return o.caughtUp(m)
+}
+
+func (o *observed) healthyVoters(except uint64) int {
+	n := 0
+	for _, m := range o.voters() {
+		if m.ID != except && o.healthy(m) {
+			n++
+		}
+	}
+	return n
+}
+
+// bestTransferTarget is the most caught-up healthy voter other than the
+// leader, preferring ordinals below limit (ones that stay) and, if
+// revision is set, pods already at that revision.
+func (o *observed) bestTransferTarget(limit int, revision string) (memberView, bool) {
+	var best memberView
+	found := false
+	better := func(a, b memberView) bool { // a better than b
+		aStay, bStay := a.Ordinal < limit, b.Ordinal < limit
+		if aStay != bStay {
+			return aStay
+		}
+		if revision != "" {
+			aNew, bNew := o.pod(a.Ordinal).Revision == revision, o.pod(b.Ordinal).Revision == revision
+			if aNew != bNew {
+				return aNew
+			}
+		}
+		if a.Match != b.Match {
+			return a.Match > b.Match
+		}
+		return a.Ordinal < b.Ordinal
+	}
+	for _, m := range o.voters() {
+		if o.isLeader(m) || !o.healthy(m) {
+			continue
+		}
+		if !found || better(m, best) {
+			best, found = m, true
+		}
+	}
+	return best, found
+}
+
+func (o *observed) podName(ordinal int) string { return fmt.Sprintf("%s-%d", o.Name, ordinal) }
+
+func (o *observed) servers() []*shardkvpb.Server {
+	var out []*shardkvpb.Server
+	for _, m := range o.voters() {
+		if m.Ordinal < 0 {
+			continue
+		}
+		dns := PodDNS(o.Name, m.Ordinal, o.Namespace)
+		out = append(out, &shardkvpb.Server{Id: m.ID,
+			Addr:     fmt.Sprintf("%s:%d", dns, GRPCPort),
+			RespAddr: fmt.Sprintf("%s:%d", dns, RESPPort)})
+	}
+	slices.SortFunc(out, func(a, b *shardkvpb.Server) int { return cmpU64(a.Id, b.Id) })
+	return out
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// configGroup is gid's group in cfg (nil: not in it).
+func configGroup(cfg *shardkvpb.Config, gid uint64) *shardkvpb.Group {
+	for _, g := range cfg.GetGroups() {
+		if g.Gid == gid {
+			return g
+		}
+	}
+	return nil
+}
+
+func sameServers(a, b []*shardkvpb.Server) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	a, b = slices.Clone(a), slices.Clone(b)
+	byID := func(x, y *shardkvpb.Server) int { return cmpU64(x.Id, y.Id) }
+	slices.SortFunc(a, byID)
+	slices.SortFunc(b, byID)
+	for i := range a {
+		if a[i].Id != b[i].Id || a[i].Addr != b[i].Addr || a[i].RespAddr != b[i].RespAddr {
+			return false
+		}
+	}
+	return true
+}
+
+func wait(reason, format string, args ...any) step {
+	return step{Kind: stepWait, Reason: reason, Message: fmt.Sprintf(format, args...)}
+}
+
+// nextStep is the planner: the one next step for the observed group.
+func nextStep(o *observed) step {
+	if o.Deleting {
+		return planDeletion(o)
+	}
+	if o.Paused {
+		return wait(reasonPaused, "the ShardMap is paused: no changes are made")
+	}
+	if !o.HasFinalizer {
+		return step{Kind: stepAddFinalizer, Reason: reasonBootstrap, Message: "adding the drain finalizer"}
+	}
+	if o.ShardMapGone {
+		return wait(reasonShardMapNotFound, "the ShardMap does not exist")
+	}
+	if o.GroupID == 0 {
+		return step{Kind: stepAllocateGroupID, Reason: reasonBootstrap, Message: "allocating a group id"}
+	}
+	if o.StsReplicas < 0 {
+		return wait(reasonCreating, "creating the StatefulSet")
+	}
+	S := int(o.StsReplicas)
+	D := int(o.Desired)
+
+	// Claims of replicas beyond the set (scale-in finished) go when their
+	// pod has gone, if the spec says so. Safe at any time.
+	if o.PVCRetentionDelete {
+		for _, ord := range o.PVCs {
+			if ord >= S && !o.pod(ord).Exists {
+				return step{Kind: stepDeletePVC, Ordinal: ord, Reason: reasonPVCCleanup,
+					Message: fmt.Sprintf("deleting the volume of removed replica %s (pvcRetention: Delete)", o.podName(ord))}
+			}
+		}
+	}
+
+	if o.Leader == nil {
+		answering := 0
+		for i := range S {
+			if p := o.pod(i); p.Status != nil && p.Status.Id != 0 {
+				answering++
+			}
+		}
+		return wait(reasonNoLeader, "waiting for the group to elect a leader (%d of %d pods answer)", answering, S)
+	}
+	voters := o.voters()
+
+	// 1. Members whose pod now runs another replica id (its disk was lost
+	// or replaced): the old id is dead for good. Removing a dead voter
+	// never costs the quorum.
+	for _, m := range o.Members {
+		if m.Ordinal < 0 || o.isLeader(m) {
+			continue
+		}
+		if p := o.pod(m.Ordinal); p.Exists && p.Status != nil && p.Status.Id != 0 && p.Status.Id != m.ID {
+			return step{Kind: stepRemoveMember, ID: m.ID, Ordinal: m.Ordinal, Reason: reasonLostReplica,
+				Message: fmt.Sprintf("pod %s now runs replica %d (its disk was lost or replaced): removing its old member %d",
+					p.Name, p.Status.Id, m.ID)}
+		}
+	}
+
+	// 2. Members beyond the set or the spec: remove, highest ordinal
+	// first, the leader after handing leadership away.
+	limit := min(S, D)
+	var excess []memberView
+	for _, m := range o.Members {
+		if m.Ordinal >= limit && (m.Ordinal >= S || m.Ordinal == S-1 || m.Learner) {
+			excess = append(excess, m)
+		}
+	}
+	slices.SortFunc(excess, func(a, b memberView) int { return b.Ordinal - a.Ordinal })
+	if len(excess) > 0 {
+		m := excess[0]
+		if o.isLeader(m) {
+			t, ok := o.bestTransferTarget(limit, "")
+			if !ok {
+				return wait(reasonWaitingForQuorum, "scale-in: member %d (%s) leads and no other voter is healthy to take over",
+					m.ID, o.podName(m.Ordinal))
+			}
+			return step{Kind: stepTransferLeader, ID: t.ID, Ordinal: t.Ordinal, Reason: reasonScaleIn,
+				Message: fmt.Sprintf("scale-in: moving leadership from %d (%s) to %d (%s) before removing it",
+					m.ID, o.podName(m.Ordinal), t.ID, o.podName(t.Ordinal))}
+		}
+		if !m.Learner {
+			if h := o.healthyVoters(m.ID); h < majority(len(voters)-1) {
+				return wait(reasonWaitingForQuorum, "scale-in: removing member %d would leave %d healthy of %d voters, below a majority",
+					m.ID, h, len(voters)-1)
+			}
+		}
+		return step{Kind: stepRemoveMember, ID: m.ID, Ordinal: m.Ordinal, Reason: reasonScaleIn,
+			Message: fmt.Sprintf("scale-in: removing member %d (%s)", m.ID, o.podName(m.Ordinal))}
+	}
+
+	// 3. A learner in flight: promote it once caught up.
+	for _, m := range o.Members {
+		if !m.Learner || m.Ordinal < 0 {
+			continue
+		}
+		if !o.caughtUp(m) {
+			return wait(reasonLearnerCatchingUp, "learner %d (%s) is catching up: replicated %d of %d",
+				m.ID, o.podName(m.Ordinal), m.Match, o.Leader.Commit)
+		}
+		if !o.healthy(m) {
+			return wait(reasonWaitingForPod, "learner %d (%s) is caught up but its pod does not answer", m.ID, o.podName(m.Ordinal))
+		}
+		// After the promotion a majority of the voters, it included,
+		// must be healthy.
+		if h, need := o.healthyVoters(0)+1, majority(len(voters)+1); h < need {
+			return wait(reasonWaitingForQuorum, "promoting learner %d waits: %d of %d voters would be healthy, %d needed",
+				m.ID, h, len(voters)+1, need)
+		}
+		return step{Kind: stepPromote, ID: m.ID, Ordinal: m.Ordinal, Reason: reasonScaleOut,
+			Message: fmt.Sprintf("promoting learner %d (%s) to voter", m.ID, o.podName(m.Ordinal))}
+	}
+
+	// Keep the controller's server list (and weight) in step with the
+	// voters after every membership change, before the next one.
+	if g := configGroup(o.Config, o.GroupID); g != nil {
+		if servers := o.servers(); !sameServers(g.Servers, servers) || g.Weight != o.Weight {
+			return step{Kind: stepJoin, Servers: servers, Reason: reasonUpdateServers,
+				Message: fmt.Sprintf("updating group %d in the controller: %d servers, weight %d", o.GroupID, len(servers), o.Weight)}
+		}
+	}
+
+	// 4. A pod of the set that runs a removed replica: its volume can
+	// never serve again (ids are never reused); give it a fresh one.
+	for i := range limit {
+		p := o.pod(i)
+		if !p.Exists || p.Deleting || p.Status == nil || len(o.membersAt(i)) > 0 {
+			continue
+		}
+		if stale(o, p) {
+			return step{Kind: stepRecreateReplica, Ordinal: i, Reason: reasonStaleReplica,
+				Message: fmt.Sprintf("pod %s runs replica %d, which was removed from the group: recreating it with an empty volume",
+					p.Name, p.Status.Id)}
+		}
+	}
+
+	// 5. Scale-in: the highest pod's member is gone (step 2); shrink.
+	if S > D {
+		return step{Kind: stepScaleStatefulSet, Replicas: int32(S - 1), Reason: reasonScaleIn,
+			Message: fmt.Sprintf("scale-in: shrinking the StatefulSet to %d", S-1)}
+	}
+
+	// 6. Pods of the set without a member: add the one that waits to join.
+	for i := range S {
+		if len(o.membersAt(i)) > 0 {
+			continue
+		}
+		p := o.pod(i)
+		switch {
+		case !p.Exists || p.Deleting:
+			return wait(reasonWaitingForPod, "waiting for pod %s to be created", o.podName(i))
+		case p.Status == nil || p.Status.Id == 0:
+			return wait(reasonWaitingForPod, "waiting for pod %s to answer its admin API", p.Name)
+		case p.Status.Role == "joining":
+			return step{Kind: stepAddLearner, ID: p.Status.Id, Ordinal: i, Reason: reasonScaleOut,
+				Message: fmt.Sprintf("adding replica %d (%s) as a learner", p.Status.Id, p.Name)}
+		default:
+			return wait(reasonWaitingForPod, "pod %s runs replica %d as %q, not a member: waiting for it to ask to join",
+				p.Name, p.Status.Id, p.Status.Role)
+		}
+	}
+
+	// 7. Join the controller once the group has a quorum. (A group that
+	// joined goes on with its membership while the controller is away.)
+	if o.Config == nil {
+		if o.Phase != shardkvv1.PhaseServing && o.Phase != shardkvv1.PhaseJoining {
+			return wait(reasonControllerUnreachable, "cannot reach the controller group to join it")
+		}
+	} else if configGroup(o.Config, o.GroupID) == nil {
+		if h, need := o.healthyVoters(0), majority(max(len(voters), int(o.Bootstrap))); h < need {
+			return wait(reasonWaitingForQuorum, "joining waits for a quorum: %d healthy voters, %d needed", h, need)
+		}
+		servers := o.servers()
+		return step{Kind: stepJoin, Servers: servers, Reason: reasonJoin,
+			Message: fmt.Sprintf("joining group %d with %d servers", o.GroupID, len(servers))}
+	}
+
+	// 8. Scale-out: one more pod; step 6 adds it once it asks to join.
+	if S < D {
+		return step{Kind: stepScaleStatefulSet, Replicas: int32(S + 1), Reason: reasonScaleOut,
+			Message: fmt.Sprintf("scale-out: growing the StatefulSet to %d", S+1)}
+	}
+
+	// 9. Rolling update: followers first, one at a time, each back and
+	// caught up before the next; the leader last, after a transfer.
+	if o.UpdateRevision != "" {
+		var outdated []int
+		for i := range S {
+			if p := o.pod(i); p.Exists && p.Revision != o.UpdateRevision {
+				outdated = append(outdated, i)
+			}
+		}
+		if len(outdated) > 0 {
+			for i := range S {
+				p := o.pod(i)
+				ms := o.membersAt(i)
+				switch {
+				case !p.Exists || p.Deleting:
+					return wait(reasonWaitingForRollout, "rolling update: waiting for pod %s to come back", o.podName(i))
+				case !p.Ready:
+					return wait(reasonWaitingForRollout, "rolling update: waiting for pod %s to be ready", p.Name)
+				case len(ms) != 1 || !o.healthy(ms[0]):
+					return wait(reasonWaitingForRollout, "rolling update: waiting for pod %s to be healthy and caught up", p.Name)
+				}
+			}
+			for _, i := range slices.Backward(outdated) {
+				if i != o.LeaderOrdinal {
+					return step{Kind: stepRestartPod, Ordinal: i, Reason: reasonRollingUpdate,
+						Message: fmt.Sprintf("rolling update: restarting follower %s", o.podName(i))}
+				}
+			}
+			if len(voters) > 1 {
+				t, ok := o.bestTransferTarget(S, o.UpdateRevision)
+				if !ok {
+					return wait(reasonWaitingForRollout, "rolling update: no healthy voter to take over from leader %s", o.podName(o.LeaderOrdinal))
+				}
+				return step{Kind: stepTransferLeader, ID: t.ID, Ordinal: t.Ordinal, Reason: reasonRollingUpdate,
+					Message: fmt.Sprintf("rolling update: moving leadership from %s to %s before restarting it",
+						o.podName(o.LeaderOrdinal), o.podName(t.Ordinal))}
+			}
+			return step{Kind: stepRestartPod, Ordinal: o.LeaderOrdinal, Reason: reasonRollingUpdate,
+				Message: fmt.Sprintf("rolling update: restarting %s, the only replica", o.podName(o.LeaderOrdinal))}
+		}
+	}
+	// 10. Nothing to do, but a member is not healthy yet (a pod coming
+	// back, a replica catching up): keep watching closely.
+	for _, m := range o.Members {
+		if m.Ordinal >= 0 && m.Ordinal < S && !o.healthy(m) {
+			return wait(reasonWaitingForPod, "waiting for member %d (%s) to answer and catch up", m.ID, o.podName(m.Ordinal))
+		}
+	}
+	return step{Kind: stepIdle, Reason: reasonIdle, Message: "the group is as specified"}
+}
+
+// stale reports whether pod p (at an ordinal with no member) runs a replica
+// that was removed from the group: it says so itself, or it claims an id
+// the leader no longer lists while the leader has applied everything it
+// committed and is at least as new (so its membership is not behind).
+func stale(o *observed, p *podView) bool {
+	st := p.Status
+	if st.Id == 0 || (st.GroupId != 0 && st.GroupId != o.GroupID) {
+		return false
+	}
+	if st.Role == "removed" {
+		return true
+	}
+	if _, member := o.member(st.Id); member {
+		return false
+	}
+	switch st.Role {
+	case "follower", "learner", "candidate":
+		return o.Leader.Applied >= o.Leader.Commit && st.Term <= o.Leader.Term
+	}
+	return false
+}
+
+// planDeletion: leave the controller, wait until every shard has moved
+// away and been deleted here, then let the object go. The last group that
+// holds data is never drained.
+func planDeletion(o *observed) step {
+	if !o.HasFinalizer {
+		return step{Kind: stepIdle, Reason: reasonIdle, Message: "deleted"}
+	}
+	if o.Paused {
+		return wait(reasonPaused, "the ShardMap is paused: the group is not drained")
+	}
+	if o.ShardMapGone {
+		return step{Kind: stepFinalize, Reason: reasonDrained, Message: "the ShardMap is gone: nothing to drain"}
+	}
+	if o.GroupID == 0 {
+		return step{Kind: stepFinalize, Reason: reasonDrained, Message: "the group never got an id: nothing to drain"}
+	}
+	if o.Config == nil {
+		return wait(reasonControllerUnreachable, "cannot reach the controller group to drain group %d", o.GroupID)
+	}
+	if configGroup(o.Config, o.GroupID) != nil {
+		if len(o.Config.Groups) == 1 {
+			return wait(reasonLastGroupHoldsData,
+				"group %d is the last group of the cluster and holds its data: it is not drained (its shards would have nowhere to go); add another ReplicaGroup first, or delete the ShardMap",
+				o.GroupID)
+		}
+		return step{Kind: stepLeave, Reason: reasonLeave,
+			Message: fmt.Sprintf("leaving: group %d's shards move to the other groups", o.GroupID)}
+	}
+	if o.Phase == "" || o.Phase == shardkvv1.PhasePending {
+		return step{Kind: stepFinalize, Reason: reasonDrained, Message: fmt.Sprintf("group %d never joined: nothing to drain", o.GroupID)}
+	}
+	if o.Reports == nil {
+		return wait(reasonControllerUnreachable, "cannot read the controller's group reports to see group %d drain", o.GroupID)
+	}
+	r := o.Reports[o.GroupID]
+	if r == nil {
+		return wait(reasonWaitingForDrain, "waiting for group %d's leader to report its shards to the controller", o.GroupID)
+	}
+	if r.ConfigNum < o.Config.Num {
+		return wait(reasonWaitingForDrain, "group %d has applied config %d of %d", o.GroupID, r.ConfigNum, o.Config.Num)
+	}
+	if len(r.Shards) > 0 {
+		states := map[string]int{}
+		for _, s := range r.Shards {
+			states[s.State]++
+		}
+		var parts []string
+		for _, k := range slices.Sorted(maps.Keys(states)) {
+			parts = append(parts, fmt.Sprintf("%d %s", states[k], k))
+		}
+		return wait(reasonWaitingForDrain, "group %d still holds %d shards (%s)", o.GroupID, len(r.Shards), strings.Join(parts, ", "))
+	}
+	return step{Kind: stepFinalize, Reason: reasonDrained,
+		Message: fmt.Sprintf("group %d has handed off and deleted every shard", o.GroupID)}
+}
+
+// shardSummary counts gid's shards in cfg and writes them as ranges
+// "0-63,128-191".
+func shardSummary(cfg *shardkvpb.Config, gid uint64) (int32, string) {
+	var n int32
+	var parts []string
+	shards := cfg.GetShards()
+	for i := 0; i < len(shards); {
+		if shards[i] != gid || gid == 0 {
+			i++
+			continue
+		}
+		j := i
+		for j+1 < len(shards) && shards[j+1] == gid {
+			j++
+		}
+		n += int32(j - i + 1)
+		if i == j {
+			parts = append(parts, strconv.Itoa(i))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d", i, j))
+		}
+		i = j + 1
+	}
+	return n, strings.Join(parts, ",")
+}
+
+// ordinalOf is the ordinal of the pod of set rg whose advertised address
+// addr is ("<rg>-<i>.<rg>.<ns>.svc:<port>"); -1 if it is not one.
+func ordinalOf(rg, ns, addr string) int {
+	host, _, _ := strings.Cut(addr, ":")
+	pod, rest, ok := strings.Cut(host, ".")
+	if !ok || rest != fmt.Sprintf("%s.%s.svc", rg, ns) {
+		return -1
+	}
+	return podOrdinal(rg, pod)
+}
+
+// podOrdinal is i of pod "<rg>-<i>" (-1 if the name is not one).
+func podOrdinal(rg, pod string) int {
+	s, ok := strings.CutPrefix(pod, rg+"-")
+	if !ok || s == "" || (len(s) > 1 && s[0] == '0') {
+		return -1
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
+}

@@ -1,0 +1,316 @@
+package controllers
+
+// The Kubernetes objects of a ReplicaGroup: its StatefulSet, headless
+// Service and PodDisruptionBudget, built from the spec.
+
+import (
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
+)
+
+// Annotations the ReplicaGroup reconciler writes.
+const (
+	// AnnotationBootstrapReplicas (on the ReplicaGroup) is how many
+	// replicas the group was bootstrapped with: its --peers, fixed for the
+	// group's life.
+	AnnotationBootstrapReplicas = "shardkv.io/bootstrap-replicas"
+	// annotationTemplateHash (on the StatefulSet) is the hash of the pod
+	// template the operator last wrote, so a spec change is seen without
+	// comparing against API-server defaults.
+	annotationTemplateHash = "shardkv.io/template-hash"
+	// ComponentGroup is the LabelComponent value of data-group objects.
+	ComponentGroup = "group"
+	// dataVolume is the name of the volume claim template; PVCs are
+	// data-<rg>-<ordinal>.
+	dataVolume = "data"
+	// nodeContainer is the name of the replica's container.
+	nodeContainer = "node"
+)
+
+func defaultReplicas(rg *shardkvv1.ReplicaGroup) int32 {
+	if rg.Spec.Replicas != nil {
+		return *rg.Spec.Replicas
+	}
+	return 3
+}
+
+func defaultWeight(rg *shardkvv1.ReplicaGroup) uint32 {
+	if rg.Spec.Weight > 0 {
+		return uint32(rg.Spec.Weight)
+	}
+	return 1
+}
+
+func ctrlerReplicas(sm *shardkvv1.ShardMap) int {
+	if sm.Spec.Controller.Replicas > 0 {
+		return int(sm.Spec.Controller.Replicas)
+	}
+	return 3
+}
+
+// bootstrapReplicas is the group's recorded bootstrap size (the spec's
+// replicas if none is recorded yet).
+func bootstrapReplicas(rg *shardkvv1.ReplicaGroup) int32 {
+	if v, ok := rg.Annotations[AnnotationBootstrapReplicas]; ok {
+		if n, err := strconv.Atoi(v); err == nil && n >= 1 {
+			return int32(n)
+		}
+	}
+	return defaultReplicas(rg)
+}
+
+// groupSelectorLabels select the pods of ReplicaGroup rg (immutable: the
+// StatefulSet's selector).
+func groupSelectorLabels(rg *shardkvv1.ReplicaGroup) map[string]string {
+	return map[string]string{
+		LabelName:      "shardkv",
+		LabelInstance:  rg.Spec.ShardMap,
+		LabelComponent: ComponentGroup,
+		LabelGroup:     rg.Name,
+	}
+}
+
+func groupLabels(rg *shardkvv1.ReplicaGroup) map[string]string {
+	l := groupSelectorLabels(rg)
+	l[LabelManagedBy] = ManagedBy
+	return l
+}
+
+func groupSelector(rg *shardkvv1.ReplicaGroup) string {
+	return labels.SelectorFromSet(groupSelectorLabels(rg)).String()
+}
+
+// pvcName is the claim of the replica at ordinal.
+func pvcName(rg string, ordinal int) string { return fmt.Sprintf("%s-%s-%d", dataVolume, rg, ordinal) }
+
+// pvcOrdinal is the ordinal of claim name of group rg (-1 if it is not one).
+func pvcOrdinal(rg, name string) int {
+	pod, ok := strings.CutPrefix(name, dataVolume+"-")
+	if !ok {
+		return -1
+	}
+	return podOrdinal(rg, pod)
+}
+
+func (r *ReplicaGroupReconciler) image(rg *shardkvv1.ReplicaGroup) string {
+	if rg.Spec.Image != "" {
+		return rg.Spec.Image
+	}
+	return r.DefaultImage
+}
+
+// nodeArgs are the replica's `node serve` flags (docs/node.md).
+func nodeArgs(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, gid uint64, bootstrap int) []string {
+	ns := rg.Namespace
+	self := fmt.Sprintf("$(POD_NAME).%s.%s.svc", rg.Name, ns)
+	return []string{
+		"serve",
+		"--role=group",
+		fmt.Sprintf("--group=%d", gid),
+		"--id=auto",
+		"--data-dir=/data",
+		fmt.Sprintf("--listen=0.0.0.0:%d", GRPCPort),
+		fmt.Sprintf("--advertise=%s:%d", self, GRPCPort),
+		"--peers=" + PeersFlag(rg.Name, bootstrap, ns),
+		"--ctrler=" + strings.Join(CtrlerAddrs(sm.Name, ctrlerReplicas(sm), ns), ","),
+		fmt.Sprintf("--resp=0.0.0.0:%d", RESPPort),
+		fmt.Sprintf("--resp-advertise=%s:%d", self, RESPPort),
+		fmt.Sprintf("--http=0.0.0.0:%d", HTTPPort),
+	}
+}
+
+// podTemplate is the pod of every replica.
+func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, gid uint64, bootstrap int) corev1.PodTemplateSpec {
+	pull := rg.Spec.ImagePullPolicy
+	if pull == "" {
+		pull = corev1.PullIfNotPresent
+	}
+	var annotations map[string]string
+	if len(rg.Spec.PodTemplate.Annotations) > 0 {
+		annotations = map[string]string{}
+		for k, v := range rg.Spec.PodTemplate.Annotations {
+			annotations[k] = v
+		}
+	}
+	affinity := rg.Spec.PodTemplate.Affinity.DeepCopy()
+	if affinity == nil {
+		// Spread the replicas over nodes where the cluster allows it.
+		affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
+				Weight: 100,
+				PodAffinityTerm: corev1.PodAffinityTerm{
+					TopologyKey:   corev1.LabelHostname,
+					LabelSelector: &metav1.LabelSelector{MatchLabels: groupSelectorLabels(rg)},
+				},
+			}},
+		}}
+	}
+	var tolerations []corev1.Toleration
+	for _, t := range rg.Spec.PodTemplate.Tolerations {
+		tolerations = append(tolerations, *t.DeepCopy())
+	}
+	var nodeSelector map[string]string
+	if len(rg.Spec.PodTemplate.NodeSelector) > 0 {
+		nodeSelector = map[string]string{}
+		for k, v := range rg.Spec.PodTemplate.NodeSelector {
+			nodeSelector[k] = v
+		}
+	}
+	probe := func(initialDelay, period, failures int32) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+				Path: "/healthz", Port: intstr.FromString("http")}},
+			InitialDelaySeconds: initialDelay,
+			PeriodSeconds:       period,
+			TimeoutSeconds:      2,
+			FailureThreshold:    failures,
+		}
+	}
+	return corev1.PodTemplateSpec{
+		ObjectMeta: metav1.ObjectMeta{Labels: groupLabels(rg), Annotations: annotations},
+		Spec: corev1.PodSpec{
+			Affinity:                      affinity,
+			Tolerations:                   tolerations,
+			NodeSelector:                  nodeSelector,
+			TerminationGracePeriodSeconds: ptr.To[int64](30),
+			EnableServiceLinks:            ptr.To(false),
+			// The same non-root user as the controller pods, owning /data.
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot:   ptr.To(true),
+				RunAsUser:      ptr.To[int64](NodeUID),
+				RunAsGroup:     ptr.To[int64](NodeUID),
+				FSGroup:        ptr.To[int64](NodeUID),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name:            nodeContainer,
+				Image:           r.image(rg),
+				ImagePullPolicy: pull,
+				// The image has no ENTRYPOINT (Dockerfile).
+				Command: []string{"/node"},
+				Args:    nodeArgs(rg, sm, gid, bootstrap),
+				Env: []corev1.EnvVar{{
+					Name: "POD_NAME",
+					ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{
+						APIVersion: "v1", FieldPath: "metadata.name"}},
+				}},
+				Ports: []corev1.ContainerPort{
+					{Name: "grpc", ContainerPort: GRPCPort, Protocol: corev1.ProtocolTCP},
+					{Name: "resp", ContainerPort: RESPPort, Protocol: corev1.ProtocolTCP},
+					{Name: "http", ContainerPort: HTTPPort, Protocol: corev1.ProtocolTCP},
+				},
+				// /healthz answers while the process runs: it needs no
+				// leader, so a group that lost quorum still gets its pods
+				// in the Service's DNS.
+				ReadinessProbe: probe(0, 5, 3),
+				LivenessProbe:  probe(10, 10, 6),
+				Resources:      *rg.Spec.Resources.DeepCopy(),
+				VolumeMounts:   []corev1.VolumeMount{{Name: dataVolume, MountPath: "/data"}},
+			}},
+		},
+	}
+}
+
+// templateHash identifies a pod template's content.
+func templateHash(t *corev1.PodTemplateSpec) string {
+	b, err := json.Marshal(t)
+	if err != nil {
+		panic(err) // a PodTemplateSpec always marshals
+	}
+	h := fnv.New64a()
+	h.Write(b)
+	return strconv.FormatUint(h.Sum64(), 36)
+}
+
+// desiredStatefulSet is the group's StatefulSet with replicas pods.
+func (r *ReplicaGroupReconciler) desiredStatefulSet(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, replicas int32) *appsv1.StatefulSet {
+	tmpl := r.podTemplate(rg, sm, uint64(rg.Status.GroupID), int(bootstrapReplicas(rg)))
+	size := rg.Spec.Storage.Size
+	if size.IsZero() {
+		size = resource.MustParse("1Gi")
+	}
+	return &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: rg.Name, Namespace: rg.Namespace, Labels: groupLabels(rg),
+			Annotations: map[string]string{annotationTemplateHash: templateHash(&tmpl)},
+		},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas:            ptr.To(replicas),
+			Selector:            &metav1.LabelSelector{MatchLabels: groupSelectorLabels(rg)},
+			ServiceName:         rg.Name,
+			PodManagementPolicy: appsv1.ParallelPodManagement,
+			// The operator restarts pods itself, leader last.
+			UpdateStrategy: appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
+			Template:       tmpl,
+			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{
+				ObjectMeta: metav1.ObjectMeta{Name: dataVolume, Labels: groupSelectorLabels(rg)},
+				Spec: corev1.PersistentVolumeClaimSpec{
+					AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+					StorageClassName: rg.Spec.Storage.StorageClassName,
+					Resources: corev1.VolumeResourceRequirements{
+						Requests: corev1.ResourceList{corev1.ResourceStorage: size},
+					},
+				},
+			}},
+			// Claims stay when the set shrinks or goes: the operator
+			// deletes them itself per spec.pvcRetention, once it is safe.
+			PersistentVolumeClaimRetentionPolicy: &appsv1.StatefulSetPersistentVolumeClaimRetentionPolicy{
+				WhenDeleted: appsv1.RetainPersistentVolumeClaimRetentionPolicyType,
+				WhenScaled:  appsv1.RetainPersistentVolumeClaimRetentionPolicyType,
+			},
+		},
+	}
+}
+
+// desiredService is the group's headless Service (pod DNS names).
+func desiredService(rg *shardkvv1.ReplicaGroup) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: rg.Name, Namespace: rg.Namespace, Labels: groupLabels(rg)},
+		Spec: corev1.ServiceSpec{
+			ClusterIP:                corev1.ClusterIPNone,
+			PublishNotReadyAddresses: true,
+			Selector:                 groupSelectorLabels(rg),
+			Ports: []corev1.ServicePort{
+				{Name: "grpc", Port: GRPCPort, TargetPort: intstr.FromString("grpc"), Protocol: corev1.ProtocolTCP},
+				{Name: "resp", Port: RESPPort, TargetPort: intstr.FromString("resp"), Protocol: corev1.ProtocolTCP},
+				{Name: "http", Port: HTTPPort, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP},
+			},
+		},
+	}
+}
+
+// pdbMinAvailable keeps a quorum of voters through voluntary disruptions:
+// of pods pods, at most (voters-1)/2 may be down (a majority of voters
+// stays up even if every disrupted pod is a voter). With pods == voters
+// this is a majority.
+func pdbMinAvailable(pods, voters int) int {
+	if voters < 1 {
+		voters = 1
+	}
+	return max(1, pods-(voters-1)/2)
+}
+
+// desiredPDB is the group's PodDisruptionBudget.
+func desiredPDB(rg *shardkvv1.ReplicaGroup, minAvailable int) *policyv1.PodDisruptionBudget {
+	return &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: rg.Name, Namespace: rg.Namespace, Labels: groupLabels(rg)},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MinAvailable: ptr.To(intstr.FromInt32(int32(minAvailable))),
+			Selector:     &metav1.LabelSelector{MatchLabels: groupSelectorLabels(rg)},
+		},
+	}
+}
