@@ -84,10 +84,6 @@ type ReplicaGroupStatus struct {
 	// Shards the group owns.
 	// +optional
 	Shards ShardSummary `json:"shards,omitempty"`
-	// NextReplicaID is the next Raft member id to assign; ids are never
-	// reused, so an empty disk never comes back under an old id.
-	// +optional
-	NextReplicaID int64 `json:"nextReplicaID,omitempty"`
 	// +listType=map
 	// +listMapKey=type
 	// +optional
