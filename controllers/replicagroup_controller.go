@@ -133,25 +133,15 @@ func (r *ReplicaGroupReconciler) groupsOfShardMap(ctx context.Context, o client.
 }
 
 func (r *ReplicaGroupReconciler) requeueShort() time.Duration {
-	if r.RequeueShort > 0 {
-		return r.RequeueShort
-	}
-	return 2 * time.Second
+	return orDefault(r.RequeueShort, 2*time.Second)
 }
 
 func (r *ReplicaGroupReconciler) requeueIdle() time.Duration {
-	if r.RequeueIdle > 0 {
-		return r.RequeueIdle
-	}
-	return 30 * time.Second
+	return orDefault(r.RequeueIdle, 30*time.Second)
 }
 
 func (r *ReplicaGroupReconciler) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	d := r.CallTimeout
-	if d <= 0 {
-		d = 5 * time.Second
-	}
-	return context.WithTimeout(ctx, d)
+	return context.WithTimeout(ctx, orDefault(r.CallTimeout, defaultCallTimeout))
 }
 
 // Reconcile runs one pass: observe, plan one step, execute it, record status.

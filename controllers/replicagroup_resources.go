@@ -170,16 +170,6 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 			nodeSelector[k] = v
 		}
 	}
-	probe := func(initialDelay, period, failures int32) *corev1.Probe {
-		return &corev1.Probe{
-			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-				Path: "/healthz", Port: intstr.FromString("http")}},
-			InitialDelaySeconds: initialDelay,
-			PeriodSeconds:       period,
-			TimeoutSeconds:      2,
-			FailureThreshold:    failures,
-		}
-	}
 	return corev1.PodTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: groupLabels(rg), Annotations: annotations},
 		Spec: corev1.PodSpec{
@@ -188,14 +178,7 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 			NodeSelector:                  nodeSelector,
 			TerminationGracePeriodSeconds: ptr.To[int64](30),
 			EnableServiceLinks:            ptr.To(false),
-			// The same non-root user as the controller pods, owning /data.
-			SecurityContext: &corev1.PodSecurityContext{
-				RunAsNonRoot:   ptr.To(true),
-				RunAsUser:      ptr.To[int64](NodeUID),
-				RunAsGroup:     ptr.To[int64](NodeUID),
-				FSGroup:        ptr.To[int64](NodeUID),
-				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-			},
+			SecurityContext:               nodePodSecurityContext(),
 			Containers: []corev1.Container{{
 				Name:            nodeContainer,
 				Image:           r.image(rg),
@@ -203,11 +186,7 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 				// The image has no ENTRYPOINT (Dockerfile).
 				Command: []string{"/node"},
 				Args:    nodeArgs(rg, sm, gid, bootstrap),
-				Env: []corev1.EnvVar{{
-					Name: "POD_NAME",
-					ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{
-						APIVersion: "v1", FieldPath: "metadata.name"}},
-				}},
+				Env:     []corev1.EnvVar{podNameEnv()},
 				Ports: []corev1.ContainerPort{
 					{Name: "grpc", ContainerPort: GRPCPort, Protocol: corev1.ProtocolTCP},
 					{Name: "resp", ContainerPort: RESPPort, Protocol: corev1.ProtocolTCP},
@@ -216,8 +195,8 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 				// /healthz answers while the process runs: it needs no
 				// leader, so a group that lost quorum still gets its pods
 				// in the Service's DNS.
-				ReadinessProbe: probe(0, 5, 3),
-				LivenessProbe:  probe(10, 10, 6),
+				ReadinessProbe: httpProbe(0, 5, 2, 3),
+				LivenessProbe:  httpProbe(10, 10, 2, 6),
 				Resources:      *rg.Spec.Resources.DeepCopy(),
 				VolumeMounts:   []corev1.VolumeMount{{Name: dataVolume, MountPath: "/data"}},
 			}},

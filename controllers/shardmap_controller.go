@@ -200,25 +200,15 @@ func (r *ShardMapReconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 func (r *ShardMapReconciler) busyResync() time.Duration {
-	if r.BusyResync > 0 {
-		return r.BusyResync
-	}
-	return 15 * time.Second
+	return orDefault(r.BusyResync, 15*time.Second)
 }
 
 func (r *ShardMapReconciler) idleResync() time.Duration {
-	if r.IdleResync > 0 {
-		return r.IdleResync
-	}
-	return 60 * time.Second
+	return orDefault(r.IdleResync, 60*time.Second)
 }
 
 func (r *ShardMapReconciler) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	d := r.CallTimeout
-	if d <= 0 {
-		d = 5 * time.Second
-	}
-	return context.WithTimeout(ctx, d)
+	return context.WithTimeout(ctx, orDefault(r.CallTimeout, defaultCallTimeout))
 }
 
 // event records an Event about obj. events.k8s.io merges "isomorphic"
@@ -404,20 +394,6 @@ func ctrlerArgs(sm *shardkvv1.ShardMap, bootstrap int32) []string {
 	}
 }
 
-func httpProbe(initialDelay, period, timeout, failures int32) *corev1.Probe {
-	return &corev1.Probe{
-		ProbeHandler:        corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("http")}},
-		InitialDelaySeconds: initialDelay,
-		PeriodSeconds:       period,
-		TimeoutSeconds:      timeout,
-		FailureThreshold:    failures,
-	}
-}
-
-// NodeUID is the user the image runs as (distroless "nonroot"); the pods'
-// fsGroup makes their volumes writable to it.
-const NodeUID = 65532
-
 // ctrlerPodTemplate is the pod of every controller replica.
 func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap int32) corev1.PodTemplateSpec {
 	pull := sm.Spec.Controller.ImagePullPolicy
@@ -440,13 +416,7 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 			// SIGTERM: a leader hands off first; the whole stop takes < 8s.
 			TerminationGracePeriodSeconds: ptr.To[int64](30),
 			EnableServiceLinks:            ptr.To(false),
-			SecurityContext: &corev1.PodSecurityContext{
-				RunAsNonRoot:   ptr.To(true),
-				RunAsUser:      ptr.To[int64](NodeUID),
-				RunAsGroup:     ptr.To[int64](NodeUID),
-				FSGroup:        ptr.To[int64](NodeUID),
-				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-			},
+			SecurityContext:               nodePodSecurityContext(),
 			Containers: []corev1.Container{{
 				Name:            "node",
 				Image:           r.ctrlerImage(sm),
@@ -454,11 +424,7 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 				// The image has no ENTRYPOINT (Dockerfile).
 				Command: []string{"/node"},
 				Args:    ctrlerArgs(sm, bootstrap),
-				Env: []corev1.EnvVar{{
-					Name: "POD_NAME",
-					ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{
-						APIVersion: "v1", FieldPath: "metadata.name"}},
-				}},
+				Env:     []corev1.EnvVar{podNameEnv()},
 				Ports: []corev1.ContainerPort{
 					{Name: "grpc", ContainerPort: GRPCPort, Protocol: corev1.ProtocolTCP},
 					{Name: "http", ContainerPort: HTTPPort, Protocol: corev1.ProtocolTCP},

@@ -327,16 +327,13 @@ func cmdMove(k *kvctl, args []string) error {
 	if err != nil {
 		return err
 	}
-	shard, err := parseUint("shard", pos[0])
+	shard, err := parseShard(pos[0])
 	if err != nil {
 		return err
 	}
 	gid, err := parseUint("gid", pos[1])
 	if err != nil {
 		return err
-	}
-	if shard > 1<<31 {
-		return usagef(nil, "shard %d is out of range", shard)
 	}
 	ctrl, err := k.ctrler()
 	if err != nil {
@@ -348,17 +345,23 @@ func cmdMove(k *kvctl, args []string) error {
 	return k.mutated(fmt.Sprintf("shard %d pinned to group %d", shard, gid), c, err)
 }
 
+// parseShard parses a shard number argument.
+func parseShard(s string) (uint64, error) {
+	shard, err := parseUint("shard", s)
+	if err == nil && shard > 1<<31 {
+		return 0, usagef(nil, "shard %d is out of range", shard)
+	}
+	return shard, err
+}
+
 func cmdUnpin(k *kvctl, args []string) error {
 	pos, err := k.parse(newFlags("unpin"), args, 1, 1)
 	if err != nil {
 		return err
 	}
-	shard, err := parseUint("shard", pos[0])
+	shard, err := parseShard(pos[0])
 	if err != nil {
 		return err
-	}
-	if shard > 1<<31 {
-		return usagef(nil, "shard %d is out of range", shard)
 	}
 	ctrl, err := k.ctrler()
 	if err != nil {

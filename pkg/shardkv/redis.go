@@ -408,12 +408,8 @@ func (g *Group) KeyCounts() (KeyCounts, error) {
 			if len(k) < 4 || k[3] != tagData {
 				continue
 			}
-			var rec record
-			if err := it.Item().Value(func(v []byte) error {
-				var err error
-				rec, err = decodeRecord(v)
-				return err
-			}); err != nil {
+			rec, err := itemHeader(it.Item())
+			if err != nil {
 				return err
 			}
 			if rec.Tombstone {
@@ -432,6 +428,19 @@ func (g *Group) KeyCounts() (KeyCounts, error) {
 		return nil
 	})
 	return kc, err
+}
+
+// itemHeader decodes a value record's header (tombstone, index, expiry)
+// from a data item; the value itself is not kept.
+func itemHeader(item *badger.Item) (record, error) {
+	var rec record
+	err := item.Value(func(v []byte) error {
+		var err error
+		rec, err = decodeRecord(v)
+		rec.Value = nil // only valid inside Value
+		return err
+	})
+	return rec, err
 }
 
 // slotKeys calls f for the live keys of slot held here, until f says stop.
@@ -453,15 +462,11 @@ func (g *Group) slotKeys(slot int, f func(key []byte) bool) error {
 			if routing.Slot(key) != slot {
 				continue
 			}
-			live := false
-			if err := it.Item().Value(func(v []byte) error {
-				r, err := decodeRecord(v)
-				live = err == nil && r.live(now)
-				return err
-			}); err != nil {
+			rec, err := itemHeader(it.Item())
+			if err != nil {
 				return err
 			}
-			if live && !f(bytes.Clone(key)) {
+			if rec.live(now) && !f(bytes.Clone(key)) {
 				return nil
 			}
 		}
@@ -526,15 +531,11 @@ func (g *Group) Scan(after []byte, count int, match func(key []byte) bool) (keys
 			examined++
 			after = it.Item().KeyCopy(nil)
 			key := after[4:]
-			var live bool
-			if err := it.Item().Value(func(v []byte) error {
-				r, err := decodeRecord(v)
-				live = err == nil && r.live(now)
-				return err
-			}); err != nil {
+			rec, err := itemHeader(it.Item())
+			if err != nil {
 				return err
 			}
-			if live && (match == nil || match(key)) {
+			if rec.live(now) && (match == nil || match(key)) {
 				keys = append(keys, bytes.Clone(key))
 			}
 			it.Next()

@@ -463,7 +463,7 @@ func (a *applyCtx) nextConfig(next *shardkvpb.Config) (any, error) {
 	// missed were compacted. It owned nothing in the configs it skips (the
 	// controller never drops a config that a group present in a kept config
 	// has not reported past), so there is nothing to pull or hand off.
-	idle := !slicesContains(cur.Shards, a.sm.gid) && !slicesContains(next.Shards, a.sm.gid)
+	idle := !slices.Contains(cur.Shards, a.sm.gid) && !slices.Contains(next.Shards, a.sm.gid)
 	if next.Num != cur.Num+1 && !(idle && next.Num > cur.Num) {
 		return fmt.Errorf("config %d does not follow %d", next.Num, cur.Num), nil
 	}
@@ -510,15 +510,6 @@ func (a *applyCtx) nextConfig(next *shardkvpb.Config) (any, error) {
 	a.prev, a.config = cur, proto.Clone(next).(*shardkvpb.Config)
 	a.changed = true
 	return nil, nil
-}
-
-func slicesContains(s []uint64, v uint64) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 func (a *applyCtx) busyShards() []int {

@@ -1,0 +1,57 @@
+package controllers
+
+import (
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+)
+
+// Pieces shared by the pods of both kinds (controller and data groups):
+// they run the same binary from the same image.
+
+// NodeUID is the user the image runs as (distroless "nonroot"); the pods'
+// fsGroup makes their volumes writable to it.
+const NodeUID = 65532
+
+// defaultCallTimeout bounds one data-plane call of a reconcile pass.
+const defaultCallTimeout = 5 * time.Second
+
+// nodePodSecurityContext runs node as NodeUID, owning /data.
+func nodePodSecurityContext() *corev1.PodSecurityContext {
+	return &corev1.PodSecurityContext{
+		RunAsNonRoot:   ptr.To(true),
+		RunAsUser:      ptr.To[int64](NodeUID),
+		RunAsGroup:     ptr.To[int64](NodeUID),
+		FSGroup:        ptr.To[int64](NodeUID),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// podNameEnv is POD_NAME from the downward API; kubelet expands $(POD_NAME)
+// in the args (--advertise, --resp-advertise).
+func podNameEnv() corev1.EnvVar {
+	return corev1.EnvVar{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{
+		FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}}
+}
+
+// httpProbe probes /healthz, which answers while the process runs and needs
+// no leader: a group without quorum keeps its pods in the Service's DNS.
+func httpProbe(initialDelay, period, timeout, failures int32) *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler:        corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("http")}},
+		InitialDelaySeconds: initialDelay,
+		PeriodSeconds:       period,
+		TimeoutSeconds:      timeout,
+		FailureThreshold:    failures,
+	}
+}
+
+// orDefault is d, or def when d is not set (<= 0).
+func orDefault(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
