@@ -1,0 +1,94 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestMain lets the tests run this binary as the pause program.
+func TestMain(m *testing.M) {
+	if os.Getenv("PAUSE_TEST_RUN_MAIN") == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func TestExitsZeroOnSignal(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), "PAUSE_TEST_RUN_MAIN=1")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// Let it install its handlers, and check it does not exit by itself.
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			t.Fatalf("pause exited by itself: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		if err := cmd.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%v: %v, want exit 0", sig, err)
+			}
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			t.Fatalf("%v: still running after 5s", sig)
+		}
+	}
+}
+
+func TestReap(t *testing.T) {
+	var pids []int
+	for range 3 {
+		p, err := os.StartProcess("/bin/true", []string{"true"}, &os.ProcAttr{})
+		if err != nil {
+			t.Skip(err)
+		}
+		pids = append(pids, p.Pid)
+	}
+	// Wait until they are all zombies, then reap them in one go, as after
+	// coalesced SIGCHLDs.
+	for _, pid := range pids {
+		deadline := time.Now().Add(5 * time.Second)
+		for procState(pid) != "Z" {
+			if time.Now().After(deadline) {
+				t.Fatalf("pid %d: state %q, never a zombie", pid, procState(pid))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	reap()
+	for _, pid := range pids {
+		if s := procState(pid); s != "" {
+			t.Errorf("pid %d still there (state %q) after reap", pid, s)
+		}
+	}
+	reap() // no children: returns at once
+}
+
+// procState is the state letter of /proc/PID/stat, "" if there is none.
+func procState(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if errors.Is(err, os.ErrNotExist) {
+		return ""
+	}
+	// pid (comm) STATE ...
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+3 <= len(s) {
+		return s[i+2 : i+3]
+	}
+	return "?"
+}

@@ -1,0 +1,223 @@
+package kvctl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardkv/shardkv/pkg/kvcheck"
+	"github.com/shardkv/shardkv/pkg/shardkv/kvtest"
+)
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func httpGet(t *testing.T, method, url string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	return resp.StatusCode, b
+}
+
+func getStatus(t *testing.T, base string) kvcheck.Status {
+	t.Helper()
+	code, b := httpGet(t, "GET", base+"/status")
+	var s kvcheck.Status
+	if code != http.StatusOK {
+		t.Fatalf("/status: %d %s", code, b)
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatalf("/status: %v: %s", err, b)
+	}
+	return s
+}
+
+func TestWorkloadUsage(t *testing.T) {
+	t.Setenv(EnvCtrler, "127.0.0.1:1")
+	for _, args := range [][]string{
+		{"workload", "--clients=0"},
+		{"workload", "--keys=0"},
+		{"workload", "--op-timeout=0s"},
+		{"workload", "--rate=-1"},
+		{"workload", "--check"},
+		{"workload", "--duration=-1s"},
+		{"workload", "extra"},
+	} {
+		var out, errb bytes.Buffer
+		if code := Run(args, &out, &errb); code != ExitUsage || !strings.Contains(errb.String(), "usage: kvctl workload") {
+			t.Errorf("kvctl %q: exit %d, stderr %q", args, code, errb.String())
+		}
+	}
+}
+
+func TestWorkload(t *testing.T) {
+	w := kvtest.New(t, kvtest.Options{Shards: 16})
+	for gid := uint64(1); gid <= 3; gid++ {
+		w.StartGroup(gid)
+	}
+	w.Join(1, 2)
+	w.WaitSettled(30 * time.Second)
+	ctrl := w.CtrlerAddrs()
+
+	t.Run("http", func(t *testing.T) {
+		var log syncBuffer
+		wl, err := newWorkload(workloadConfig{ctrler: ctrl, clients: 4, keys: 8, prefix: defaultWorkloadPrefix(),
+			opTimeout: 5 * time.Second, rate: 100}, &log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer wl.close()
+		wl.progressEvery = time.Second
+		addr, err := wl.serve("127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := "http://" + addr.String()
+		if code, b := httpGet(t, "GET", base+"/healthz"); code != http.StatusOK {
+			t.Fatalf("/healthz: %d %s", code, b)
+		}
+		wl.start()
+		start := time.Now()
+
+		// Moves shards to group 3 while the clients run.
+		time.Sleep(time.Second)
+		w.Join(3)
+		for {
+			s := getStatus(t, base)
+			if s.Phase == phaseRunning && s.Running && s.OK > 0 && time.Since(start) > 3*time.Second {
+				if s.Clients != 4 || len(s.Keys) != 8 || s.UptimeSeconds <= 0 || s.OKPerSecondRecent <= 0 {
+					t.Fatalf("status: %+v", s)
+				}
+				break
+			}
+			if time.Since(start) > 10*time.Second {
+				t.Fatalf("no progress: %+v\nlog:\n%s", s, log.String())
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if code, b := httpGet(t, "GET", base+"/history"); code != http.StatusConflict || !strings.Contains(string(b), "POST /stop") {
+			t.Fatalf("/history while running: %d %s", code, b)
+		}
+
+		code, b := httpGet(t, "POST", base+"/stop")
+		if code != http.StatusOK {
+			t.Fatalf("/stop: %d %s", code, b)
+		}
+		var h kvcheck.History
+		if err := json.Unmarshal(b, &h); err != nil {
+			t.Fatalf("/stop: %v", err)
+		}
+		// Fetched again: the same history.
+		code, b2 := httpGet(t, "GET", base+"/history")
+		if code != http.StatusOK || !bytes.Equal(b, b2) {
+			t.Fatalf("/history after stop: %d, %d bytes (want %d)", code, len(b2), len(b))
+		}
+		if _, b3 := httpGet(t, "GET", base+"/stop"); !bytes.Equal(b, b3) {
+			t.Fatalf("second /stop: %d bytes (want %d)", len(b3), len(b))
+		}
+		if s := getStatus(t, base); s.Phase != phaseStopped || s.Running || s.InFlight != 0 || s.Ops != h.Stats.Ops {
+			t.Fatalf("status after stop: %+v (history stats %+v)", s, h.Stats)
+		}
+		if int64(len(h.Ops)) != h.Stats.Ops || h.Stats.InFlight != 0 || !h.Stopped.After(h.Started) {
+			t.Fatalf("history: %d ops, stats %+v", len(h.Ops), h.Stats)
+		}
+
+		res, err := kvcheck.Check(h.Ops, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s", res)
+		if !res.Linearizable {
+			viz := filepath.Join(os.TempDir(), fmt.Sprintf("kvctl-workload-%d.html", time.Now().UnixNano()))
+			if err := res.VisualizePath(viz); err != nil {
+				viz = err.Error()
+			}
+			t.Fatalf("not linearizable: %s\nvisualization: %s\nlog:\n%s", res, viz, log.String())
+		}
+		// The machine may be slow and busy (2 cores, -race): ~50 ok/s
+		// over 3 s with a migration is typical there.
+		if res.OK < 40 || res.OKGets < 10 || res.OKWrites < 10 {
+			t.Fatalf("too few operations succeeded: %s\nlog:\n%s", res, log.String())
+		}
+		if lg := log.String(); !strings.Contains(lg, "running: 4 clients") || !strings.Contains(lg, " ok (") || !strings.Contains(lg, "stopped: ") {
+			t.Fatalf("log:\n%s", lg)
+		}
+	})
+
+	t.Run("check", func(t *testing.T) {
+		// Lost requests and replies, a group down for a while, and an op
+		// timeout shorter than a lost call's attempt: some writes end with
+		// an unknown outcome, some gets fail.
+		w.Faults.Set(0.1, 0.1, 20*time.Millisecond)
+		defer w.Faults.Set(0, 0, 0)
+		var out, errb bytes.Buffer
+		args := []string{"workload", "--ctrler=" + strings.Join(ctrl, ","), "--clients=3", "--keys=6", "--rate=0",
+			"--op-timeout=400ms", "--duration=4s", "--check", "--listen=", "--json"}
+		code := make(chan int, 1)
+		go func() { code <- Run(args, &out, &errb) }()
+		time.Sleep(1500 * time.Millisecond)
+		w.StopGroup(2)
+		time.Sleep(time.Second)
+		w.RestartGroup(2)
+		if c := <-code; c != ExitOK {
+			t.Fatalf("kvctl %q: exit %d\nstdout:\n%s\nstderr:\n%s", args, c, out.String(), errb.String())
+		}
+		var res kvcheck.Result
+		if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+			t.Fatalf("%v: %s", err, out.String())
+		}
+		t.Logf("%+v", res)
+		if !res.Linearizable || res.CheckResult != kvcheck.ResultOK || res.OK == 0 || res.Keys != 6 {
+			t.Fatalf("result: %+v", res)
+		}
+		w.Faults.Set(0, 0, 0)
+		// A key that already has a value: the run refuses to start.
+		cl := w.Client()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := cl.Put(ctx, "wl-taken-0", "x"); err != nil {
+			t.Fatal(err)
+		}
+		out.Reset()
+		errb.Reset()
+		args = []string{"workload", "--ctrler=" + strings.Join(ctrl, ","), "--prefix=taken", "--duration=2s", "--check", "--listen="}
+		if code := Run(args, &out, &errb); code != ExitError || !strings.Contains(errb.String(), "already has a value") {
+			t.Fatalf("kvctl %q: exit %d\nstdout:\n%s\nstderr:\n%s", args, code, out.String(), errb.String())
+		}
+	})
+}
