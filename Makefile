@@ -11,7 +11,7 @@ KUBECTL ?= kubectl
 MANAGER_ARGS ?=
 
 .PHONY: all run build test bench lint vet staticcheck tidy-check generate generate-proto generate-deepcopy manifests \
-	install uninstall deploy undeploy run-manager clean
+	install uninstall deploy undeploy run-manager clean test-e2e images cluster-up cluster-down
 
 all: build
 
@@ -40,6 +40,26 @@ test:
 	echo "KUBEBUILDER_ASSETS=$$assets $(GO) test -race -count=1 -timeout 30m ./..."; \
 	KUBEBUILDER_ASSETS="$$assets" SHARDKV_REQUIRE_ENVTEST=1 $(GO) test -race -count=1 -timeout 30m ./...
 
+## test-e2e: the end-to-end tests (e2e/, build tag e2e) on a real cluster.
+## With KUBECONFIG unset: brings up hack/local-cluster.sh, builds and loads
+## the images, runs every scenario, then wipes the cluster (hack/e2e.sh).
+## With KUBECONFIG set: runs against that cluster (images preloaded).
+test-e2e:
+	hack/e2e.sh
+
+## images: the shardkv image as a docker-save tarball, without Docker
+## (hack/build-images.sh); `docker build -t shardkv:dev .` is the same image.
+images:
+	hack/build-images.sh shardkv
+
+## cluster-up / cluster-down: the local single-node Kubernetes
+## (hack/local-cluster.sh); cluster-down wipes all of its state.
+cluster-up:
+	hack/local-cluster.sh up
+
+cluster-down:
+	hack/local-cluster.sh down --wipe
+
 ## bench: engine and data-group benchmarks (tables in docs/benchmarks.md).
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3s -count 3 -timeout 60m ./pkg/raftgroup/ ./pkg/shardkv/
@@ -49,9 +69,11 @@ lint: vet staticcheck
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags e2e ./e2e/
 
 staticcheck:
 	$(STATICCHECK) ./...
+	$(STATICCHECK) -tags e2e ./e2e/
 
 ## tidy-check: fail if go.mod/go.sum are not tidy (prints the diff).
 tidy-check:

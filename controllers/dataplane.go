@@ -6,9 +6,9 @@ import (
 	"sync"
 
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
+	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // DataPlane is the reconcilers' only way to reach shardkv: the controller
@@ -80,7 +80,7 @@ func (d *GRPCDataPlane) Replica(addr string) (ReplicaAPI, error) {
 	cc, ok := d.replicas[addr]
 	if !ok {
 		var err error
-		if cc, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		if cc, err = grpc.NewClient(grpcdial.Target(addr), grpcdial.Options()...); err != nil {
 			return nil, err
 		}
 		d.replicas[addr] = cc

@@ -33,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -112,10 +113,25 @@ func (r *ReplicaGroupReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return nil
 		})).
-		// A ShardMap's pause, creation or deletion concerns its groups.
+		// A ShardMap's pause, creation or deletion concerns its groups, and
+		// so does a new config: the groups' shards changed, and a drain may
+		// have finished.
 		Watches(&shardkvv1.ShardMap{}, handler.EnqueueRequestsFromMapFunc(r.groupsOfShardMap),
-			builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+			builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, configChanged{}))).
 		Complete(r)
+}
+
+// configChanged passes ShardMap updates whose status moved to another
+// config or changed its shard states (a migration finished).
+type configChanged struct{ predicate.Funcs }
+
+func (configChanged) Update(e event.UpdateEvent) bool {
+	a, okA := e.ObjectOld.(*shardkvv1.ShardMap)
+	b, okB := e.ObjectNew.(*shardkvv1.ShardMap)
+	if !okA || !okB {
+		return false
+	}
+	return a.Status.ConfigNum != b.Status.ConfigNum || a.Status.MigratingShards != b.Status.MigratingShards
 }
 
 func (r *ReplicaGroupReconciler) groupsOfShardMap(ctx context.Context, o client.Object) []reconcile.Request {

@@ -76,6 +76,7 @@ const (
 	// Shard states the reconciler adds to the groups' own.
 	stateServing    = "Serving"
 	stateUnknown    = "Unknown"
+	statePending    = "Pending" // the owner has not reached the config yet
 	stateUnassigned = "Unassigned"
 )
 
@@ -117,7 +118,7 @@ type ShardMapReconciler struct {
 	DialPodIPs bool
 	// BusyResync is the requeue period while the cluster is not settled
 	// (migrations in flight, not ready: the groups' reports change without
-	// a new config), default 15s; IdleResync once settled, default 60s.
+	// a new config), default 3s; IdleResync once settled, default 60s.
 	BusyResync, IdleResync time.Duration
 	// CallTimeout bounds each data-plane call (default 5s).
 	CallTimeout time.Duration
@@ -200,7 +201,7 @@ func (r *ShardMapReconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 func (r *ShardMapReconciler) busyResync() time.Duration {
-	return orDefault(r.BusyResync, 15*time.Second)
+	return orDefault(r.BusyResync, 3*time.Second)
 }
 
 func (r *ShardMapReconciler) idleResync() time.Duration {
@@ -240,8 +241,11 @@ type smPass struct {
 	degReason, degMsg string
 	// cluster is the controller's view (nil when it was not reached).
 	cluster *shardkvpb.ClusterStatus
-	api     ControllerAPI
-	dpErr   error
+	// prev is the config before the latest, fetched only while some group
+	// has not reached the latest: the owners its shards are moving from.
+	prev  *shardkvpb.Config
+	api   ControllerAPI
+	dpErr error
 	// settled: no migration in flight and every group applied the latest config.
 	settled bool
 	// stepErr is a failed data-plane step: returned after the status is
@@ -763,6 +767,13 @@ func (r *ShardMapReconciler) observeController(ctx context.Context, p *smPass) {
 		return
 	}
 	p.cluster, p.api = st, api
+	if n := st.Latest.GetNum(); n > 1 && groupsBehind(st) {
+		// Best effort: without it, shards whose new owner has not reported
+		// yet show as Pending with no source.
+		if prev, err := api.Query(cctx, int64(n-1)); err == nil {
+			p.prev = prev
+		}
+	}
 	r.ensureWatch(client.ObjectKeyFromObject(sm), addrs, api, st.Latest.Num+1)
 }
 
@@ -830,9 +841,28 @@ type clusterSummary struct {
 	behind     []uint64 // groups in the config whose report is not at the latest config
 }
 
+// groupsBehind: some group of the latest config has not reported it yet.
+func groupsBehind(st *shardkvpb.ClusterStatus) bool {
+	at := map[uint64]uint64{}
+	for _, g := range st.GetGroups() {
+		if rep := g.GetReport(); rep != nil {
+			at[rep.Gid] = rep.ConfigNum
+		}
+	}
+	for _, g := range st.GetLatest().GetGroups() {
+		if at[g.Gid] < st.GetLatest().GetNum() {
+			return true
+		}
+	}
+	return false
+}
+
 // summarize computes the shard table, state counts and migrations from
 // the controller's status. name maps a gid to its ReplicaGroup's name.
-func summarize(st *shardkvpb.ClusterStatus, name func(uint64) string) clusterSummary {
+// prev, if known, is the config before the latest: a shard whose new
+// owner has not reached the latest config yet is Pending, moving from its
+// previous owner, rather than Unknown.
+func summarize(st *shardkvpb.ClusterStatus, prev *shardkvpb.Config, name func(uint64) string) clusterSummary {
 	cfg := st.GetLatest()
 	reports := map[uint64]*shardkvpb.GroupReport{}
 	byShard := map[uint64]map[uint32]*shardkvpb.ShardState{}
@@ -870,6 +900,8 @@ func summarize(st *shardkvpb.ClusterStatus, name func(uint64) string) clusterSum
 			v.state = stateUnassigned
 		} else if s := byShard[gid][uint32(i)]; s != nil && s.State != "" {
 			v.state = s.State
+		} else if rep := reports[gid]; rep == nil || rep.ConfigNum < cfg.Num {
+			v.state = statePending
 		}
 		views[i] = v
 		out.states[v.state]++
@@ -927,6 +959,16 @@ func summarize(st *shardkvpb.ClusterStatus, name func(uint64) string) clusterSum
 				continue
 			}
 			moves[s.Shard] = m
+		}
+	}
+	// Shards whose new owner has not reached the latest config: moving
+	// from their previous owner, nothing copied yet.
+	if prevShards := prev.GetShards(); len(prevShards) == len(views) {
+		for i, v := range views {
+			from := prevShards[i]
+			if _, known := moves[uint32(i)]; !known && v.state == statePending && from != 0 && from != v.gid {
+				moves[uint32(i)] = move{src: from, dst: v.gid}
+			}
 		}
 	}
 	type pair struct{ src, dst uint64 }
@@ -999,7 +1041,7 @@ func (r *ShardMapReconciler) fillStatus(p *smPass, groups map[string]*shardkvv1.
 	}
 	st.NextGroupID = next
 
-	sum := summarize(p.cluster, groupNamer(groups))
+	sum := summarize(p.cluster, p.prev, groupNamer(groups))
 	st.ConfigNum = int64(cfg.Num)
 	st.Groups = sum.groups
 	st.GroupCount = int32(len(sum.groups))

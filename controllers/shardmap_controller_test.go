@@ -781,12 +781,12 @@ func TestSummarize(t *testing.T) {
 				{Shard: 5, State: "Pulling", PeerGid: 1, Keys: 5, TotalKeys: 10}, {Shard: 6, State: "Serving"}, {Shard: 7, State: "Serving"}}}},
 		},
 	}
-	s := summarize(st, name)
+	s := summarize(st, nil, name)
 	wantTable := []shardkvv1.ShardRange{
 		{First: 0, Last: 0, State: "Unassigned"},
 		{First: 1, Last: 2, Group: "a", GroupID: 1, State: "Serving"},
 		{First: 3, Last: 3, Group: "b", GroupID: 2, State: "Serving"},
-		{First: 4, Last: 4, Group: "b", GroupID: 2, State: "Unknown"},
+		{First: 4, Last: 4, Group: "b", GroupID: 2, State: "Pending"}, // b has not reached config 5
 		{First: 5, Last: 5, Group: "c", GroupID: 3, State: "Pulling"},
 		{First: 6, Last: 7, Group: "c", GroupID: 3, State: "Serving"},
 	}
@@ -803,8 +803,21 @@ func TestSummarize(t *testing.T) {
 	if s.notServing != 3 || !slices.Equal(s.behind, []uint64{2}) {
 		t.Errorf("notServing %d behind %v", s.notServing, s.behind)
 	}
-	if s.states["Serving"] != 5 || s.states["Unknown"] != 1 || s.states["Unassigned"] != 1 || s.states["Pulling"] != 1 {
+	if s.states["Serving"] != 5 || s.states["Pending"] != 1 || s.states["Unassigned"] != 1 || s.states["Pulling"] != 1 {
 		t.Errorf("states %v", s.states)
+	}
+
+	// With the previous config, the Pending shard 4 is a migration from
+	// its old owner a to b, nothing copied yet.
+	prev := &shardkvpb.Config{Num: 4, Shards: []uint64{0, 1, 1, 2, 1, 1, 3, 2}}
+	s = summarize(st, prev, name)
+	wantMig = []shardkvv1.Migration{
+		{Source: "a", Target: "b", Shards: 1},
+		{Source: "a", Target: "c", Shards: 1, Keys: 5, TotalKeys: 10, Progress: "50%"},
+		{Source: "b", Target: "c", Shards: 1},
+	}
+	if !slices.Equal(s.migrations, wantMig) || s.migrating != 3 {
+		t.Errorf("with prev: migrations %+v (%d), want %+v", s.migrations, s.migrating, wantMig)
 	}
 
 	// Alternating owners: the table is capped.
@@ -812,7 +825,7 @@ func TestSummarize(t *testing.T) {
 	for i := range big.Latest.Shards {
 		big.Latest.Shards[i] = uint64(i%2 + 1)
 	}
-	if s := summarize(big, name); len(s.table) != maxTableRanges || !s.truncated {
+	if s := summarize(big, nil, name); len(s.table) != maxTableRanges || !s.truncated {
 		t.Errorf("table of %d runs (truncated %v), want %d", len(s.table), s.truncated, maxTableRanges)
 	}
 }

@@ -24,7 +24,12 @@
 # the machine); CoreDNS answers cluster.local on 10.244.0.1:53 and nothing
 # else; the apiserver listens on :6443 (kubeconfigs use 127.0.0.1), etcd on
 # 127.0.0.1:12379. PersistentVolumes come from the controller-manager's
-# host-path provisioner, under /tmp/hostpath_pv/ (its fixed location).
+# host-path provisioner, under /tmp/hostpath_pv/ (its fixed location). That
+# provisioner makes each volume's directory root-owned 0750, and hostPath
+# volumes ignore fsGroup, so a non-root pod (shardkv runs as 65532) could
+# not write its volume: the hostpath-perms process opens each new volume
+# directory to everyone (0777), as kind's local-path provisioner does. It
+# is a shim for this throwaway single-node cluster only.
 set -euo pipefail
 shopt -s inherit_errexit
 
@@ -50,7 +55,7 @@ PAUSE_IMAGE=shardkv-pause:1
 HOSTPATH_PV_DIR=/tmp/hostpath_pv
 
 # Start order; `down` stops them in reverse.
-COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager kube-scheduler coredns kubelet kube-proxy)
+COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager hostpath-perms kube-scheduler coredns kubelet kube-proxy)
 
 PKI=$STATE/pki
 CONF=$STATE/config
@@ -629,6 +634,16 @@ start_controllers() {
     --service-cluster-ip-range "$SERVICE_CIDR" \
     --enable-hostpath-provisioner=true \
     --profiling=false
+  # See the header: volume directories appear when a PVC is provisioned,
+  # before any pod can mount them; a 0.2 s poll opens them well before that.
+  mkdir -p "$HOSTPATH_PV_DIR"
+  # shellcheck disable=SC2016 # expanded by the inner shell
+  running hostpath-perms || start_proc hostpath-perms "$(command -v bash)" -c '
+    trap "exit 0" TERM INT
+    while :; do
+      find "$0" -mindepth 1 -maxdepth 1 -type d ! -perm 0777 -exec chmod 0777 {} + 2>/dev/null || true
+      sleep 0.2
+    done' "$HOSTPATH_PV_DIR"
   running kube-scheduler || start_proc kube-scheduler "$BIN/kube-scheduler" \
     --kubeconfig "$PKI/kube-scheduler.kubeconfig" \
     --authentication-kubeconfig "$PKI/kube-scheduler.kubeconfig" \

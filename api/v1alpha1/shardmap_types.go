@@ -91,7 +91,7 @@ type ShardMapStatus struct {
 	Groups []GroupRef `json:"groups,omitempty"`
 	// GroupCount is len(groups), for the printer column.
 	// +optional
-	GroupCount int32 `json:"groupCount,omitempty"`
+	GroupCount int32 `json:"groupCount"`
 	// Table is the shard table as runs of owner and state.
 	// +optional
 	Table []ShardRange `json:"table,omitempty"`
@@ -100,7 +100,7 @@ type ShardMapStatus struct {
 	ShardStates map[string]int32 `json:"shardStates,omitempty"`
 	// MigratingShards is how many shards are moving.
 	// +optional
-	MigratingShards int32 `json:"migratingShards,omitempty"`
+	MigratingShards int32 `json:"migratingShards"`
 	// Migrations in flight, by source and target.
 	// +optional
 	Migrations []Migration `json:"migrations,omitempty"`
@@ -163,4 +163,3 @@ type ShardMapList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []ShardMap `json:"items"`
 }
-

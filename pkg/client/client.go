@@ -18,11 +18,11 @@ import (
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
+	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/routing"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -54,7 +54,7 @@ type Client struct {
 // ctrlerAddrs.
 func New(ctrlerAddrs []string, opts ...grpc.DialOption) (*Client, error) {
 	if len(opts) == 0 {
-		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		opts = grpcdial.Options()
 	}
 	ctrl, err := ctrlerclient.New(ctrlerAddrs, opts...)
 	if err != nil {
@@ -171,7 +171,7 @@ func (c *Client) conn(addr string) (shardkvpb.KVClient, error) {
 	cc, ok := c.conns[addr]
 	if !ok {
 		var err error
-		if cc, err = grpc.NewClient(addr, c.opts...); err != nil {
+		if cc, err = grpc.NewClient(grpcdial.Target(addr), c.opts...); err != nil {
 			return nil, err
 		}
 		c.conns[addr] = cc

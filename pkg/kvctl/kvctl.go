@@ -26,9 +26,9 @@ import (
 
 	"github.com/shardkv/shardkv/pkg/client"
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
+	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Exit codes.
@@ -541,7 +541,7 @@ func (k *kvctl) conn(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := k.conns[addr]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(grpcdial.Target(addr), grpcdial.Options()...)
 	if err != nil {
 		return nil, err
 	}

@@ -22,12 +22,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/shardkv/shardkv/pkg/ctrler"
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
+	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/resp"
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // CtrlerGroupID is the Raft group id of the controller group (data groups
@@ -170,7 +170,7 @@ func checkNotRebootstrapping(ctx context.Context, o *Options, groupID uint64, st
 		if p.ID == o.ID {
 			continue
 		}
-		conn, err := grpc.NewClient(p.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(grpcdial.Target(p.Addr), grpcdial.Options()...)
 		if err != nil {
 			continue
 		}

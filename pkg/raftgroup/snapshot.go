@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -90,7 +91,7 @@ func (t *transport) sendSnapshot(m *pb.Message) error {
 	if view.Index() < m.GetSnapshot().GetMetadata().GetIndex() {
 		return fmt.Errorf("state machine view at %d is behind snapshot marker %d", view.Index(), m.GetSnapshot().GetMetadata().GetIndex())
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient(grpcdial.Target(addr), grpc.WithTransportCredentials(insecure.NewCredentials()), grpcdial.Reconnect(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(MaxMessageBytes)))
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -196,8 +197,8 @@ func (p *peerSender) stream() error {
 			return nil
 		}
 	}
-	conn, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient(grpcdial.Target(addr),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpcdial.Reconnect(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(MaxMessageBytes), grpc.MaxCallRecvMsgSize(MaxMessageBytes)))
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", addr, err)

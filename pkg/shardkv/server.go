@@ -12,11 +12,11 @@ import (
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
+	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -92,7 +92,7 @@ func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
 		cfg.ExpireKeysEvery = 100 * time.Millisecond
 	}
 	if len(cfg.DialOptions) == 0 {
-		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		cfg.DialOptions = grpcdial.Options()
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -348,7 +348,7 @@ func (g *Group) conn(addr string) (shardkvpb.KVClient, error) {
 	c, ok := g.conns[addr]
 	if !ok {
 		var err error
-		if c, err = grpc.NewClient(addr, g.cfg.DialOptions...); err != nil {
+		if c, err = grpc.NewClient(grpcdial.Target(addr), g.cfg.DialOptions...); err != nil {
 			return nil, err
 		}
 		g.conns[addr] = c

@@ -19,10 +19,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -46,7 +46,7 @@ func New(addrs []string, opts ...grpc.DialOption) (*Client, error) {
 		return nil, errors.New("ctrlerclient: no controller addresses")
 	}
 	if len(opts) == 0 {
-		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		opts = grpcdial.Options()
 	}
 	var b [8]byte
 	if _, err := crand.Read(b[:]); err != nil {
@@ -72,7 +72,7 @@ func (c *Client) conn(addr string) (shardkvpb.ControllerClient, error) {
 	cc, ok := c.conns[addr]
 	if !ok {
 		var err error
-		if cc, err = grpc.NewClient(addr, c.opts...); err != nil {
+		if cc, err = grpc.NewClient(grpcdial.Target(addr), c.opts...); err != nil {
 			return nil, err
 		}
 		c.conns[addr] = cc

@@ -1,0 +1,224 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
+	"github.com/shardkv/shardkv/controllers"
+)
+
+// podFailures: a leader pod deleted, a follower pod deleted, and a follower
+// force-deleted together with its PVC (a lost disk).
+func (e *env) podFailures(t *testing.T) {
+	const g = "demo-b"
+	base := map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 3}
+
+	old := e.group(t, g).Status.Leader
+	e.k(t, "delete", "pod", old, "--wait=false")
+	d := e.eventually(t, 2*time.Minute, g+" elects a new leader", func() (bool, string) {
+		rg := e.group(t, g)
+		return rg.Status.Leader != "" && rg.Status.Leader != old, fmt.Sprintf("old=%s leader=%q", old, rg.Status.Leader)
+	})
+	t.Logf("leader %s deleted: new leader %s in status after %v (status lags the election by up to one reconcile)",
+		old, e.group(t, g).Status.Leader, d.Round(100*time.Millisecond))
+	e.waitSettled(t, settle, sm, base)
+	e.workloadProgress(t, workload, 20, 2*time.Minute)
+
+	follower := e.follower(t, g)
+	e.k(t, "delete", "pod", follower.Pod)
+	e.waitSettled(t, settle, sm, base)
+	e.workloadProgress(t, workload, 20, 2*time.Minute)
+
+	// Enough writes that the group's log is compacted past its first
+	// entries (a snapshot every 10000 entries, 5000 kept): a replica with an
+	// empty disk then has to catch up from a snapshot.
+	e.fill(t, "e2e-fill-b:", 45*time.Second)
+
+	lost := e.follower(t, g)
+	pvc := "data-" + lost.Pod
+	var claim corev1.PersistentVolumeClaim
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: pvc}, &claim); err != nil {
+		t.Fatalf("pvc %s: %v", pvc, err)
+	}
+	oldUID := claim.UID
+	t.Logf("losing the disk of %s (member %d): deleting PVC %s and force-deleting the pod", lost.Pod, lost.ID, pvc)
+	e.k(t, "delete", "pvc", pvc, "--wait=false")
+	e.k(t, "delete", "pod", lost.Pod, "--grace-period=0", "--force")
+	e.eventually(t, settle, lost.Pod+" replaced by a new member on a new disk", func() (bool, string) {
+		var c corev1.PersistentVolumeClaim
+		err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: pvc}, &c)
+		disk := "new"
+		switch {
+		case err != nil:
+			disk = "absent"
+		case c.UID == oldUID:
+			disk = "old (terminating)"
+		}
+		rg := e.group(t, g)
+		var now []string
+		replaced := false
+		for _, m := range rg.Status.Members {
+			now = append(now, fmt.Sprintf("%d@%s/%s", m.ID, m.Pod, m.Role))
+			if m.Pod == lost.Pod && m.ID != lost.ID && m.Role == "follower" && m.Healthy {
+				replaced = true
+			}
+			if m.ID == lost.ID {
+				replaced = false
+			}
+		}
+		ok, st := rgSettled(rg, 3)
+		return replaced && ok && disk == "new", fmt.Sprintf("disk=%s members=%v %s", disk, now, st)
+	})
+	e.waitSettled(t, settle, sm, base)
+	e.checkEvents(t, g, "RemoveMember", "AddLearner", "Promote")
+	logs := e.k(t, "logs", lost.Pod, "-c", "node")
+	if !strings.Contains(logs, "restored snapshot") {
+		t.Errorf("%s did not catch up through a snapshot (no \"restored snapshot\" in its log)", lost.Pod)
+	}
+	e.workloadProgress(t, workload, 20, 2*time.Minute)
+}
+
+// follower returns a healthy non-leader member of group g.
+func (e *env) follower(t *testing.T, g string) shardkvv1.Member {
+	t.Helper()
+	for _, m := range e.group(t, g).Status.Members {
+		if m.Role == "follower" && m.Healthy {
+			return m
+		}
+	}
+	t.Fatalf("%s has no healthy follower", g)
+	return shardkvv1.Member{}
+}
+
+// rollingUpdate moves every pod to a second tag of the image: the
+// controller group's and each data group's, one pod at a time, leader last.
+func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
+	st0, err := e.workloadStatus(t, workload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]int{}
+	for g := range base {
+		before[g] = len(e.events(t, "ReplicaGroup", g))
+	}
+	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"controller":{"image":%q}}}`, e.image2))
+	for g := range base {
+		e.k(t, "patch", "replicagroup/"+g, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"image":%q}}`, e.image2))
+	}
+	sets := []string{controllers.CtrlerName(sm), "demo-a", "demo-b", "demo-c"}
+	e.eventually(t, 2*settle, "every pod runs "+e.image2, func() (bool, string) {
+		var old []string
+		for _, s := range sets {
+			for _, p := range e.pods(t, s) {
+				if p.Spec.Containers[0].Image != e.image2 || !podReady(p) {
+					old = append(old, p.Name)
+				}
+			}
+		}
+		return len(old) == 0, "not yet rolled or not ready: " + strings.Join(old, ",")
+	})
+	e.waitSettled(t, settle, sm, base)
+	for g := range base {
+		evs := e.events(t, "ReplicaGroup", g)[before[g]:]
+		restarts, transfers := 0, 0
+		for _, ev := range evs {
+			switch {
+			case strings.HasPrefix(ev, "RestartPod\t"):
+				restarts++
+			case strings.HasPrefix(ev, "TransferLeader\t"):
+				transfers++
+			}
+		}
+		t.Logf("%s: %d RestartPod, %d TransferLeader events during the roll", g, restarts, transfers)
+		if restarts != 3 || transfers < 1 {
+			t.Errorf("%s: want 3 pod restarts and a leadership transfer before the leader's; events:\n%s", g, strings.Join(evs, "\n"))
+		}
+	}
+	e.workloadProgress(t, workload, 20, 2*time.Minute)
+	st1, err := e.workloadStatus(t, workload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("workload during the roll: %d ok, %d unknown outcomes", st1.OK-st0.OK, st1.Unknown-st0.Unknown)
+	if st1.Unknown != st0.Unknown {
+		t.Errorf("the roll caused %d client-visible errors (last: %s)", st1.Unknown-st0.Unknown, st1.LastErr)
+	}
+}
+
+func podReady(p corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// operatorCrash kills the operator in the middle of a scale-in.
+func (e *env) operatorCrash(t *testing.T, base map[string]int) {
+	const g = "demo-c"
+	e.k(t, "scale", "replicagroup/"+g, "--replicas=5")
+	e.waitSettled(t, settle, sm, map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 5})
+	e.k(t, "scale", "replicagroup/"+g, "--replicas=3")
+	e.eventually(t, 2*time.Minute, "scale-in under way", func() (bool, string) {
+		rg := e.group(t, g)
+		c := condStatus(rg.Status.Conditions, shardkvv1.ConditionProgressing)
+		return strings.Contains(c, "ScaleIn") || len(rg.Status.Members) < 5,
+			fmt.Sprintf("members=%d progressing=%s", len(rg.Status.Members), c)
+	})
+	out := e.kubectl(t, "-n", operatorNS, "get", "pods", "-l", "app.kubernetes.io/component=manager", "-o", "name")
+	t.Logf("killing the operator (%s) mid scale-in; members now %d", strings.TrimSpace(out), len(e.group(t, g).Status.Members))
+	e.kubectl(t, "-n", operatorNS, "delete", "pod", "-l", "app.kubernetes.io/component=manager", "--grace-period=0", "--force")
+	e.kubectl(t, "-n", operatorNS, "rollout", "status", "deploy/"+operatorDeploy, "--timeout=3m")
+	e.waitSettled(t, settle, sm, base)
+	e.checkStatefulSet(t, g, 3)
+	e.checkMembersMatchPods(t, g)
+	e.workloadProgress(t, workload, 20, 2*time.Minute)
+}
+
+// controllerLeaderLoss deletes the controller group's leader pod just as
+// the config that adds a new group commits: the groups must learn it, and
+// move a quarter of the shards, across the controller's election.
+func (e *env) controllerLeaderLoss(t *testing.T) {
+	leader := podOfAddr(e.kvctlStatus(t, sm).Controller.LeaderAddr)
+	if !strings.HasPrefix(leader, controllers.CtrlerName(sm)+"-") {
+		t.Fatalf("controller leader %q is not a controller pod", leader)
+	}
+	e.applyGroup(t, "demo-e", 3, "Delete")
+	deadline := time.Now().Add(settle)
+	for {
+		s := e.shardMap(t, sm)
+		if s.Status.GroupCount == 4 {
+			if ok, st := smSettled(s, 4); ok {
+				t.Fatalf("the migration finished before the controller leader could be killed: %s", st)
+			}
+			t.Logf("config %d adds demo-e; deleting the controller leader %s now (shard states %v, migrating %d)",
+				s.Status.ConfigNum, leader, s.Status.ShardStates, s.Status.MigratingShards)
+			break
+		}
+		if time.Now().After(deadline) {
+			e.dump(t)
+			t.Fatalf("demo-e never joined: %+v", s.Status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e.k(t, "delete", "pod", leader, "--wait=false")
+	e.waitSettled(t, 2*settle, sm, map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 3, "demo-e": 3})
+	if now := podOfAddr(e.kvctlStatus(t, sm).Controller.LeaderAddr); now == leader {
+		t.Logf("note: %s leads the controller again after its restart", now)
+	}
+	for _, g := range []string{"demo-a", "demo-b", "demo-c", "demo-e"} {
+		if n := e.group(t, g).Status.Shards.Count; n != 16 {
+			t.Errorf("%s holds %d shards, want 16", g, n)
+		}
+	}
+	e.workloadProgress(t, workload, 20, 2*time.Minute)
+}

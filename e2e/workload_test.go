@@ -1,0 +1,130 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/shardkv/shardkv/pkg/kvcheck"
+)
+
+// The workload is `kvctl workload` in a pod of the project's image, as an
+// application runs: the controller's pod DNS names resolve only inside the
+// cluster. The test reaches its HTTP API through the apiserver's pod proxy,
+// which works on any cluster.
+const workloadPort = "8090"
+
+type workloadStatus struct {
+	Running bool   `json:"running"`
+	Ops     int64  `json:"ops"`
+	OK      int64  `json:"ok"`
+	Unknown int64  `json:"unknown"`
+	LastErr string `json:"lastError"`
+}
+
+func (s workloadStatus) String() string {
+	return fmt.Sprintf("ops=%d ok=%d unknown=%d lastError=%q", s.Ops, s.OK, s.Unknown, s.LastErr)
+}
+
+func (e *env) startWorkload(t *testing.T, name, sm string) {
+	t.Helper()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns, Labels: map[string]string{"app": "shardkv-e2e-workload"}},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name:            "workload",
+				Image:           e.image,
+				ImagePullPolicy: corev1.PullIfNotPresent,
+				Command: []string{"/kvctl", "--ctrler=" + e.ctrlerAddrs(sm, 3), "workload",
+					"--clients=6", "--keys=24", "--rate=10", "--op-timeout=20s", "--prefix=" + name,
+					"--listen=:" + workloadPort},
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8090}},
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+			}},
+		},
+	}
+	if err := e.kube.Create(ctx(t), pod); err != nil {
+		t.Fatalf("create workload pod: %v", err)
+	}
+	e.eventually(t, 2*time.Minute, "workload running and succeeding", func() (bool, string) {
+		st, err := e.workloadStatus(t, name)
+		if err != nil {
+			return false, err.Error()
+		}
+		return st.OK >= 20, st.String()
+	})
+}
+
+func (e *env) workloadGet(t *testing.T, name, path string) ([]byte, error) {
+	t.Helper()
+	return e.cs.CoreV1().Pods(e.ns).ProxyGet("http", name, workloadPort, path, nil).DoRaw(ctx(t))
+}
+
+func (e *env) workloadStatus(t *testing.T, name string) (workloadStatus, error) {
+	t.Helper()
+	var st workloadStatus
+	b, err := e.workloadGet(t, name, "status")
+	if err != nil {
+		return st, fmt.Errorf("workload status: %w", err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, fmt.Errorf("workload status %q: %w", b, err)
+	}
+	return st, nil
+}
+
+// workloadProgress fails unless the workload completes at least min more
+// operations within timeout: the cluster serves clients.
+func (e *env) workloadProgress(t *testing.T, name string, min int64, timeout time.Duration) {
+	t.Helper()
+	st0, err := e.workloadStatus(t, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.eventually(t, timeout, fmt.Sprintf("workload completes %d more operations", min), func() (bool, string) {
+		st, err := e.workloadStatus(t, name)
+		if err != nil {
+			return false, err.Error()
+		}
+		return st.OK-st0.OK >= min, st.String()
+	})
+}
+
+// stopWorkload stops the clients and returns the history.
+func (e *env) stopWorkload(t *testing.T, name string) kvcheck.History {
+	t.Helper()
+	b, err := e.workloadGet(t, name, "stop")
+	if err != nil {
+		t.Fatalf("stop workload: %v", err)
+	}
+	var h kvcheck.History
+	if err := json.Unmarshal(b, &h); err != nil {
+		t.Fatalf("workload history: %v (%.200s)", err, b)
+	}
+	return h
+}
+
+// workloadLog returns the workload pod's log (its progress lines).
+func (e *env) workloadLog(t *testing.T, name string) string {
+	out, err := e.kubectlErr("-n", e.ns, "logs", name, "--tail=40")
+	if err != nil {
+		return err.Error()
+	}
+	return strings.TrimSpace(out)
+}
