@@ -1069,17 +1069,24 @@ func (r *ShardMapReconciler) fillStatus(p *smPass, groups map[string]*shardkvv1.
 		ready.Message += fmt.Sprintf("; status.table shows the first %d runs only", maxTableRanges)
 	}
 	if len(cfg.Groups) > 0 {
-		switch {
-		case sum.migrating > 0:
-			balanced.Status, balanced.Reason = metav1.ConditionFalse, ReasonMigrationsInFlight
-			balanced.Message = fmt.Sprintf("%d shards migrating", sum.migrating)
-		case len(sum.behind) > 0:
+		behind := ""
+		if len(sum.behind) > 0 {
 			var names []string
 			for _, gid := range sum.behind {
 				names = append(names, groupNamer(groups)(gid))
 			}
+			behind = fmt.Sprintf("groups %s have not applied config %d yet", strings.Join(names, ", "), cfg.Num)
+		}
+		switch {
+		case sum.migrating > 0:
+			balanced.Status, balanced.Reason = metav1.ConditionFalse, ReasonMigrationsInFlight
+			balanced.Message = fmt.Sprintf("%d shards migrating", sum.migrating)
+			if behind != "" {
+				balanced.Message += "; " + behind
+			}
+		case behind != "":
 			balanced.Status, balanced.Reason = metav1.ConditionFalse, ReasonGroupsCatchingUp
-			balanced.Message = fmt.Sprintf("groups %s have not applied config %d yet", strings.Join(names, ", "), cfg.Num)
+			balanced.Message = behind
 		default:
 			balanced.Status, balanced.Reason = metav1.ConditionTrue, ReasonSettled
 			balanced.Message = fmt.Sprintf("no migration in flight; every group applied config %d", cfg.Num)

@@ -400,7 +400,8 @@ func TestShardMapStatusFromController(t *testing.T) {
 	}
 
 	// A group no ReplicaGroup claims is shown by gid; one that has not
-	// applied the config keeps the cluster unbalanced; nextGroupID stays
+	// applied the config keeps the cluster unbalanced, its new shards
+	// Pending and moving from their previous owner; nextGroupID stays
 	// above every gid in use.
 	fc.SetConfig(&shardkvpb.Config{Shards: []uint64{1, 1, 1, 1, 2, 2, 9, 9}, Groups: []*shardkvpb.Group{smGroup(1), smGroup(2), smGroup(9)}})
 	num2 := fc.Latest().Num
@@ -411,15 +412,18 @@ func TestShardMapStatusFromController(t *testing.T) {
 		}
 		return nil
 	})
-	if last := sm.Status.Table[len(sm.Status.Table)-1]; last != (shardkvv1.ShardRange{First: 6, Last: 7, Group: "gid-9", GroupID: 9, State: "Unknown"}) {
+	if last := sm.Status.Table[len(sm.Status.Table)-1]; last != (shardkvv1.ShardRange{First: 6, Last: 7, Group: "gid-9", GroupID: 9, State: "Pending"}) {
 		t.Errorf("last range %+v", last)
+	}
+	if want := []shardkvv1.Migration{{Source: "b", Target: "gid-9", Shards: 2}}; !slices.Equal(sm.Status.Migrations, want) {
+		t.Errorf("migrations %+v, want %+v", sm.Status.Migrations, want)
 	}
 	if sm.Status.NextGroupID != 10 {
 		t.Errorf("nextGroupID %d, want 10", sm.Status.NextGroupID)
 	}
 	for _, err := range []error{
-		condIs(sm, shardkvv1.ConditionBalanced, metav1.ConditionFalse, ReasonGroupsCatchingUp, "gid-9"),
-		condIs(sm, shardkvv1.ConditionReady, metav1.ConditionFalse, ReasonShardsNotServing, "Unknown=2"),
+		condIs(sm, shardkvv1.ConditionBalanced, metav1.ConditionFalse, ReasonMigrationsInFlight, "gid-9 have not applied"),
+		condIs(sm, shardkvv1.ConditionReady, metav1.ConditionFalse, ReasonShardsNotServing, "Pending=2"),
 	} {
 		if err != nil {
 			t.Error(err)

@@ -43,7 +43,7 @@ type env struct {
 	ns         string // the namespace the scenarios run in
 	image      string // the image the operator runs and deploys (config/manager)
 	image2     string // a second tag of the same binaries, for the rolling update
-	kube       client.Client
+	kube       client.WithWatch
 	cs         kubernetes.Interface
 }
 
@@ -80,7 +80,7 @@ func newEnv(t *testing.T) *env {
 	if err := shardkvv1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	if e.kube, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+	if e.kube, err = client.NewWithWatch(cfg, client.Options{Scheme: scheme}); err != nil {
 		t.Fatalf("client: %v", err)
 	}
 	if e.cs, err = kubernetes.NewForConfig(cfg); err != nil {
@@ -366,4 +366,37 @@ func (e *env) events(t *testing.T, kind, name string) []string {
 	out := e.k(t, "get", "events", "--field-selector", "involvedObject.kind="+kind+",involvedObject.name="+name,
 		"--sort-by=.metadata.creationTimestamp", "-o", "jsonpath={range .items[*]}{.reason}{\"\\t\"}{.message}{\"\\n\"}{end}")
 	return strings.Split(strings.TrimSpace(out), "\n")
+}
+
+// watchMigrations records every migration the ShardMap's status lists, as
+// the operator writes it (a watch sees each write; polling could miss a
+// short migration). The returned func stops it and returns what it saw.
+func (e *env) watchMigrations(t *testing.T, name string) func() []string {
+	t.Helper()
+	c, cancel := context.WithCancel(context.Background())
+	w, err := e.kube.Watch(c, &shardkvv1.ShardMapList{}, client.InNamespace(e.ns))
+	if err != nil {
+		cancel()
+		t.Fatalf("watch shardmaps: %v", err)
+	}
+	done := make(chan []string)
+	go func() {
+		var seen []string
+		for ev := range w.ResultChan() {
+			s, ok := ev.Object.(*shardkvv1.ShardMap)
+			if !ok || s.Name != name {
+				continue
+			}
+			for _, m := range s.Status.Migrations {
+				seen = append(seen, fmt.Sprintf("config %d: %s->%s shards=%d keys=%d/%d progress=%q",
+					s.Status.ConfigNum, m.Source, m.Target, m.Shards, m.Keys, m.TotalKeys, m.Progress))
+			}
+		}
+		done <- slices.Compact(seen)
+	}()
+	return func() []string {
+		w.Stop()
+		cancel()
+		return <-done
+	}
 }

@@ -40,6 +40,13 @@ else
   log "using the cluster of KUBECONFIG=$KUBECONFIG (images shardkv:dev and shardkv:dev2 must be on its nodes)"
 fi
 
+# The tests drive kubectl; use the one built with the cluster's version
+# (hack/build-k8s.sh, cached) unless KUBECTL names one.
+if [ -z "${KUBECTL:-}" ]; then
+  KUBECTL=$(hack/build-k8s.sh kubectl | tail -n 1)/kubectl
+  export KUBECTL
+fi
+
 out=$(mktemp -d)/e2e.log
 want=$(grep -cE '^[[:space:]]*run\("' e2e/e2e_test.go)
 rc=0
