@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
@@ -148,6 +149,10 @@ func run(args []string) int {
 		setupLog.Error(err, "unable to set up the ReplicaGroup reconciler")
 		return 1
 	}
+
+	// Status as Prometheus gauges on the metrics endpoint, next to
+	// controller-runtime's reconcile and work-queue metrics.
+	crmetrics.Registry.MustRegister(controllers.StatusCollector{Reader: mgr.GetClient(), Namespace: *watchNS})
 
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		setupLog.Error(err, "unable to set up the health check")
