@@ -186,7 +186,7 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 				// The image has no ENTRYPOINT (Dockerfile).
 				Command: []string{"/node"},
 				Args:    nodeArgs(rg, sm, gid, bootstrap),
-				Env:     []corev1.EnvVar{podNameEnv()},
+				Env:     groupEnv(rg),
 				Ports: []corev1.ContainerPort{
 					{Name: "grpc", ContainerPort: GRPCPort, Protocol: corev1.ProtocolTCP},
 					{Name: "resp", ContainerPort: RESPPort, Protocol: corev1.ProtocolTCP},
@@ -292,4 +292,15 @@ func desiredPDB(rg *shardkvv1.ReplicaGroup, minAvailable int) *policyv1.PodDisru
 			Selector:     &metav1.LabelSelector{MatchLabels: groupSelectorLabels(rg)},
 		},
 	}
+}
+
+// groupEnv is the node container's environment: its pod name, and the
+// Redis password from the Secret spec.requirePass names (node reads
+// SHARDKV_REQUIREPASS, so the password is never in the pod's args).
+func groupEnv(rg *shardkvv1.ReplicaGroup) []corev1.EnvVar {
+	env := []corev1.EnvVar{podNameEnv()}
+	if sel := rg.Spec.RequirePass; sel != nil {
+		env = append(env, corev1.EnvVar{Name: "SHARDKV_REQUIREPASS", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: sel.DeepCopy()}})
+	}
+	return env
 }

@@ -46,6 +46,11 @@ type ReplicaGroupSpec struct {
 	PVCRetention string `json:"pvcRetention,omitempty"`
 	// +optional
 	PodTemplate PodOverrides `json:"podTemplate,omitempty"`
+	// RequirePass names a Secret key holding the password Redis clients must
+	// AUTH with (node --requirepass); unset, the Redis port needs none.
+	// Changing it rolls the pods.
+	// +optional
+	RequirePass *corev1.SecretKeySelector `json:"requirePass,omitempty"`
 }
 
 // Phases of a ReplicaGroup.
