@@ -118,7 +118,8 @@ type ShardMapReconciler struct {
 	DialPodIPs bool
 	// BusyResync is the requeue period while the cluster is not settled
 	// (migrations in flight, not ready: the groups' reports change without
-	// a new config), default 3s; IdleResync once settled, default 60s.
+	// a new config), default 3s, and at most 1s while shards migrate;
+	// IdleResync once settled, default 60s.
 	BusyResync, IdleResync time.Duration
 	// CallTimeout bounds each data-plane call (default 5s).
 	CallTimeout time.Duration
@@ -316,6 +317,11 @@ func (r *ShardMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	res := ctrl.Result{RequeueAfter: r.idleResync()}
 	if !p.settled || p.cluster == nil || p.progStatus == metav1.ConditionTrue {
 		res.RequeueAfter = r.busyResync()
+	}
+	if sm.Status.MigratingShards > 0 && p.cluster != nil {
+		// Shards are moving: follow their progress (groups report every
+		// 500 ms) closely; it is one Status call per second.
+		res.RequeueAfter = min(res.RequeueAfter, time.Second)
 	}
 	if p.acted {
 		res.RequeueAfter = 100 * time.Millisecond // the next step

@@ -222,7 +222,7 @@ func (e *env) deleteNamespace(t *testing.T) {
 func (e *env) fill(t *testing.T, prefix string, d time.Duration) {
 	t.Helper()
 	out := e.k(t, "exec", controllers.CtrlerName(sm)+"-0", "-c", "node", "--", "/kvctl", "--ctrler="+e.ctrlerAddrs(sm, 3),
-		"bench", "--clients=16", "--duration="+d.String(), "--read-ratio=0", "--keys=20000", "--value-size=256", "--key-prefix="+prefix)
+		"bench", "--clients=16", "--duration="+d.String(), "--read-ratio=0", "--keys=20000", "--value-size=1024", "--key-prefix="+prefix)
 	t.Logf("fill %s:\n%s", prefix, out)
 }
 
