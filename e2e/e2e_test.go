@@ -28,9 +28,8 @@ import (
 // history from the first scenario to the last; the last subtest checks it.
 // hack/e2e.sh fails unless every run("...") below passed (no skip).
 const (
-	sm       = "demo"
-	workload = "workload"
-	settle   = 6 * time.Minute // generous: 2 shared cores run everything
+	sm     = "demo"
+	settle = 6 * time.Minute // generous: 2 shared cores run everything
 )
 
 func TestE2E(t *testing.T) {
@@ -53,7 +52,7 @@ func TestE2E(t *testing.T) {
 		e.waitSettled(t, settle, sm, base)
 		t.Logf("create: all shards Serving after %v", time.Since(t0).Round(time.Second))
 		e.checkStatusAgrees(t, base)
-		e.startWorkload(t, workload, sm)
+		e.startWorkloads(t, sm, []string{"demo-a", "demo-b", "demo-c"})
 	})
 
 	run("ScaleGroup", func(t *testing.T) {
@@ -62,7 +61,7 @@ func TestE2E(t *testing.T) {
 		e.waitSettled(t, settle, sm, map[string]int{"demo-a": 5, "demo-b": 3, "demo-c": 3})
 		t.Logf("after scale to 5:\n%s", e.k(t, "get", "shardmaps,replicagroups", "-o", "wide"))
 		e.checkEvents(t, "demo-a", "AddLearner", "Promote")
-		e.workloadProgress(t, workload, 20, 2*time.Minute)
+		e.workloadsProgress(t)
 
 		e.k(t, "scale", "replicagroup/demo-a", "--replicas=3")
 		e.waitSettled(t, settle, sm, base)
@@ -76,7 +75,7 @@ func TestE2E(t *testing.T) {
 			}
 		}
 		e.checkMembersMatchPods(t, "demo-a")
-		e.workloadProgress(t, workload, 20, 2*time.Minute)
+		e.workloadsProgress(t)
 	})
 
 	run("AddGroup", func(t *testing.T) {
@@ -101,7 +100,7 @@ func TestE2E(t *testing.T) {
 			}
 		}
 		e.checkStatusAgrees(t, map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 3, "demo-d": 3})
-		e.workloadProgress(t, workload, 20, 2*time.Minute)
+		e.workloadsProgress(t)
 	})
 
 	run("DeleteGroup", func(t *testing.T) {
@@ -141,7 +140,7 @@ func TestE2E(t *testing.T) {
 			return len(left) == 0, "left: " + strings.Join(left, ",")
 		})
 		e.checkStatusAgrees(t, base)
-		e.workloadProgress(t, workload, 20, 2*time.Minute)
+		e.workloadsProgress(t)
 	})
 
 	run("DeleteLastGroupRefused", func(t *testing.T) { e.deleteLastGroup(t) })
@@ -155,18 +154,20 @@ func TestE2E(t *testing.T) {
 	run("ControllerLeaderLoss", func(t *testing.T) { e.controllerLeaderLoss(t) })
 
 	run("Linearizable", func(t *testing.T) {
-		h := e.stopWorkload(t, workload)
-		res, err := kvcheck.Check(h.Ops, 5*time.Minute)
-		if err != nil {
-			t.Fatalf("check: %v", err)
-		}
-		t.Logf("workload history: %s", res)
-		t.Logf("workload log tail:\n%s", e.workloadLog(t, workload))
-		if !res.Linearizable {
-			t.Fatalf("the history is not linearizable: %+v", res)
-		}
-		if res.OK < 500 {
-			t.Errorf("only %d successful operations: too few to mean much", res.OK)
+		for _, name := range workloads {
+			h := e.stopWorkload(t, name)
+			res, err := kvcheck.Check(h.Ops, 5*time.Minute)
+			if err != nil {
+				t.Fatalf("%s: check: %v", name, err)
+			}
+			t.Logf("%s history: %s", name, res)
+			t.Logf("%s log tail:\n%s", name, e.workloadLog(t, name))
+			if !res.Linearizable {
+				t.Errorf("%s: the history is not linearizable: %s", name, res)
+			}
+			if res.OK < 500 {
+				t.Errorf("%s: only %d successful operations: too few to mean much", name, res.OK)
+			}
 		}
 	})
 }

@@ -30,12 +30,12 @@ func (e *env) podFailures(t *testing.T) {
 	t.Logf("leader %s deleted: new leader %s in status after %v (status lags the election by up to one reconcile)",
 		old, e.group(t, g).Status.Leader, d.Round(100*time.Millisecond))
 	e.waitSettled(t, settle, sm, base)
-	e.workloadProgress(t, workload, 20, 2*time.Minute)
+	e.workloadsProgress(t)
 
 	follower := e.follower(t, g)
 	e.k(t, "delete", "pod", follower.Pod)
 	e.waitSettled(t, settle, sm, base)
-	e.workloadProgress(t, workload, 20, 2*time.Minute)
+	e.workloadsProgress(t)
 
 	// Enough writes that the group's log is compacted past its first
 	// entries (a snapshot every 10000 entries, 5000 kept): a replica with an
@@ -83,7 +83,7 @@ func (e *env) podFailures(t *testing.T) {
 	if !strings.Contains(logs, "restored snapshot") {
 		t.Errorf("%s did not catch up through a snapshot (no \"restored snapshot\" in its log)", lost.Pod)
 	}
-	e.workloadProgress(t, workload, 20, 2*time.Minute)
+	e.workloadsProgress(t)
 }
 
 // follower returns a healthy non-leader member of group g.
@@ -101,9 +101,13 @@ func (e *env) follower(t *testing.T, g string) shardkvv1.Member {
 // rollingUpdate moves every pod to a second tag of the image: the
 // controller group's and each data group's, one pod at a time, leader last.
 func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
-	st0, err := e.workloadStatus(t, workload)
-	if err != nil {
-		t.Fatal(err)
+	st0 := map[string]workloadStatus{}
+	for _, name := range workloads {
+		st, err := e.workloadStatus(t, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st0[name] = st
 	}
 	before := map[string]int{}
 	for g := range base {
@@ -142,14 +146,17 @@ func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
 			t.Errorf("%s: want 3 pod restarts and a leadership transfer before the leader's; events:\n%s", g, strings.Join(evs, "\n"))
 		}
 	}
-	e.workloadProgress(t, workload, 20, 2*time.Minute)
-	st1, err := e.workloadStatus(t, workload)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("workload during the roll: %d ok, %d unknown outcomes", st1.OK-st0.OK, st1.Unknown-st0.Unknown)
-	if st1.Unknown != st0.Unknown {
-		t.Errorf("the roll caused %d client-visible errors (last: %s)", st1.Unknown-st0.Unknown, st1.LastErr)
+	e.workloadsProgress(t)
+	for _, name := range workloads {
+		st1, err := e.workloadStatus(t, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := st1.Unknown - st0[name].Unknown
+		t.Logf("%s during the roll: %d ok, %d unknown outcomes", name, st1.OK-st0[name].OK, d)
+		if d != 0 {
+			t.Errorf("%s: the roll caused %d client-visible errors (last: %s)", name, d, st1.LastErr)
+		}
 	}
 }
 
@@ -181,7 +188,7 @@ func (e *env) operatorCrash(t *testing.T, base map[string]int) {
 	e.waitSettled(t, settle, sm, base)
 	e.checkStatefulSet(t, g, 3)
 	e.checkMembersMatchPods(t, g)
-	e.workloadProgress(t, workload, 20, 2*time.Minute)
+	e.workloadsProgress(t)
 }
 
 // controllerLeaderLoss deletes the controller group's leader pod just as
@@ -220,5 +227,5 @@ func (e *env) controllerLeaderLoss(t *testing.T) {
 			t.Errorf("%s holds %d shards, want 16", g, n)
 		}
 	}
-	e.workloadProgress(t, workload, 20, 2*time.Minute)
+	e.workloadsProgress(t)
 }

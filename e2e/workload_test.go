@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/shardkv/shardkv/controllers"
 	"github.com/shardkv/shardkv/pkg/kvcheck"
 )
 
@@ -34,7 +35,39 @@ func (s workloadStatus) String() string {
 	return fmt.Sprintf("ops=%d ok=%d unknown=%d lastError=%q", s.Ops, s.OK, s.Unknown, s.LastErr)
 }
 
-func (e *env) startWorkload(t *testing.T, name, sm string) {
+// The two workloads: Go clients (exactly-once sessions, through the
+// controller) and Redis Cluster clients (go-redis, through the groups'
+// Redis ports, following MOVED and TRYAGAIN).
+const (
+	workload      = "workload"
+	redisWorkload = "workload-redis"
+)
+
+var workloads = []string{workload, redisWorkload}
+
+// startWorkloads starts both and waits until each succeeds.
+func (e *env) startWorkloads(t *testing.T, sm string, groups []string) {
+	t.Helper()
+	e.startWorkload(t, workload, "--ctrler="+e.ctrlerAddrs(sm, 3))
+	var seeds []string
+	for _, g := range groups {
+		seeds = append(seeds, fmt.Sprintf("%s:%d", controllers.PodDNS(g, 0, e.ns), controllers.RESPPort))
+	}
+	e.startWorkload(t, redisWorkload, "--redis="+strings.Join(seeds, ","))
+	for _, name := range workloads {
+		e.waitWorkload(t, name)
+	}
+}
+
+// workloadsProgress: both workloads keep completing operations.
+func (e *env) workloadsProgress(t *testing.T) {
+	t.Helper()
+	for _, name := range workloads {
+		e.workloadProgress(t, name, 20, 2*time.Minute)
+	}
+}
+
+func (e *env) startWorkload(t *testing.T, name, target string) {
 	t.Helper()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns, Labels: map[string]string{"app": "shardkv-e2e-workload"}},
@@ -48,7 +81,7 @@ func (e *env) startWorkload(t *testing.T, name, sm string) {
 				Name:            "workload",
 				Image:           e.image,
 				ImagePullPolicy: corev1.PullIfNotPresent,
-				Command: []string{"/kvctl", "--ctrler=" + e.ctrlerAddrs(sm, 3), "workload",
+				Command: []string{"/kvctl", "workload", target,
 					"--clients=6", "--keys=24", "--rate=10", "--op-timeout=20s", "--prefix=" + name,
 					"--listen=:" + workloadPort},
 				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8090}},
@@ -62,7 +95,11 @@ func (e *env) startWorkload(t *testing.T, name, sm string) {
 	if err := e.kube.Create(ctx(t), pod); err != nil {
 		t.Fatalf("create workload pod: %v", err)
 	}
-	e.eventually(t, 2*time.Minute, "workload running and succeeding", func() (bool, string) {
+}
+
+func (e *env) waitWorkload(t *testing.T, name string) {
+	t.Helper()
+	e.eventually(t, 2*time.Minute, name+" running and succeeding", func() (bool, string) {
 		st, err := e.workloadStatus(t, name)
 		if err != nil {
 			return false, err.Error()
@@ -97,7 +134,7 @@ func (e *env) workloadProgress(t *testing.T, name string, min int64, timeout tim
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.eventually(t, timeout, fmt.Sprintf("workload completes %d more operations", min), func() (bool, string) {
+	e.eventually(t, timeout, fmt.Sprintf("%s completes %d more operations", name, min), func() (bool, string) {
 		st, err := e.workloadStatus(t, name)
 		if err != nil {
 			return false, err.Error()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -12,11 +13,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/shardkv/shardkv/pkg/client"
 	"github.com/shardkv/shardkv/pkg/kvcheck"
 )
@@ -35,8 +38,14 @@ const workloadProgressEvery = 10 * time.Second
 // workloadRecentWindow is the window of kvcheck.Status.OKPerSecondRecent.
 const workloadRecentWindow = 10 * time.Second
 
+// EnvRedisPassword is the environment variable read for the Redis
+// password of kvctl workload --redis (--redis-password overrides it).
+const EnvRedisPassword = "SHARDKV_REDIS_PASSWORD"
+
 type workloadConfig struct {
-	ctrler    []string
+	ctrler    []string // the Go client's controller addresses
+	redis     []string // if set, Redis Cluster seeds: the clients speak RESP
+	redisPass string   // the password of the Redis front ends (AUTH)
 	clients   int
 	keys      int
 	prefix    string
@@ -44,13 +53,14 @@ type workloadConfig struct {
 	rate      float64       // ops/s per client, 0: unlimited
 }
 
-// workload runs cfg.clients clients, each its own client.Client (its own
-// session), doing random gets, puts and appends of unique values on
-// cfg.keys keys, and records every call in a kvcheck.Recorder.
+// workload runs cfg.clients clients, each its own kv (a client.Client with
+// its own session, or a go-redis ClusterClient with its own connections),
+// doing random gets, puts and appends of unique values on cfg.keys keys,
+// and records every call in a kvcheck.Recorder.
 type workload struct {
 	cfg           workloadConfig
 	keys          []string
-	cls           []*client.Client
+	cls           []kv
 	rec           *kvcheck.Recorder
 	logMu         sync.Mutex
 	log           io.Writer
@@ -89,12 +99,18 @@ func newWorkload(cfg workloadConfig, log io.Writer) (*workload, error) {
 		w.keys = append(w.keys, fmt.Sprintf("wl-%s-%d", cfg.prefix, i))
 	}
 	for range cfg.clients {
-		c, err := client.New(cfg.ctrler)
-		if err != nil {
-			w.closeClients()
-			return nil, err
+		var c kv
+		if len(cfg.redis) > 0 {
+			c = newRedisKV(cfg.redis, cfg.redisPass, cfg.opTimeout)
+		} else {
+			gc, err := client.New(cfg.ctrler)
+			if err != nil {
+				w.closeClients()
+				return nil, err
+			}
+			gc.AttemptTimeout = min(gc.AttemptTimeout, cfg.opTimeout)
+			c = goKV{gc}
 		}
-		c.AttemptTimeout = min(c.AttemptTimeout, cfg.opTimeout)
 		w.cls = append(w.cls, c)
 	}
 	w.runCtx, w.cancelRun = context.WithCancel(context.Background())
@@ -154,7 +170,7 @@ func (w *workload) warmUp() error {
 				return w.runCtx.Err()
 			}
 			ctx, cancel := context.WithTimeout(w.runCtx, w.cfg.opTimeout)
-			v, _, err := c.Get(ctx, key)
+			v, err := c.Get(ctx, key)
 			cancel()
 			if err == nil {
 				if v != "" {
@@ -164,6 +180,9 @@ func (w *workload) warmUp() error {
 			}
 			if w.runCtx.Err() != nil {
 				return w.runCtx.Err()
+			}
+			if isAuthError(err) {
+				return fmt.Errorf("workload: get %q: %s (--redis-password, $%s)", key, oneLine(err), EnvRedisPassword)
 			}
 			msg := fmt.Sprintf("waiting for the cluster: get %q: %s", key, oneLine(err))
 			w.mu.Lock()
@@ -228,7 +247,7 @@ func (w *workload) client(i int) {
 		var err error
 		switch kind {
 		case kvcheck.Get:
-			out, _, err = cl.Get(ctx, key)
+			out, err = cl.Get(ctx, key)
 		case kvcheck.Put:
 			err = cl.Put(ctx, key, value)
 		default:
@@ -398,6 +417,142 @@ func (w *workload) handler() http.Handler {
 	return mux
 }
 
+// kv is one workload client's connection to the cluster. An error from a
+// write means its outcome is unknown; from a get, that it had no effect.
+type kv interface {
+	// Get returns key's value, "" if it does not exist.
+	Get(ctx context.Context, key string) (string, error)
+	Put(ctx context.Context, key, value string) error
+	Append(ctx context.Context, key, value string) error
+	Close()
+}
+
+// goKV is a kv over the Go client: its own exactly-once session.
+type goKV struct{ c *client.Client }
+
+func (g goKV) Get(ctx context.Context, key string) (string, error) {
+	v, _, err := g.c.Get(ctx, key)
+	return v, err
+}
+
+func (g goKV) Put(ctx context.Context, key, value string) error {
+	return g.c.Put(ctx, key, value)
+}
+
+func (g goKV) Append(ctx context.Context, key, value string) error {
+	return g.c.Append(ctx, key, value)
+}
+
+func (g goKV) Close() { g.c.Close() }
+
+// redisKV is a kv over the Redis Cluster protocol of the data-group
+// replicas: GET, SET and APPEND through a go-redis ClusterClient, which
+// follows MOVED and ASK and retries TRYAGAIN and CLUSTERDOWN itself.
+type redisKV struct{ c *redis.ClusterClient }
+
+// newRedisKV returns a ClusterClient with its own small pool, with the
+// settings of docs/redis.md ("Clients") that ride through migrations and
+// elections: up to 16 redirects and retries, 8-512 ms apart; a read timeout
+// (6 s) above the front ends' write timeout (2 s by default), so a slow
+// write is answered "outcome unknown" rather than timed out. Calls end at
+// their context's deadline (the op timeout).
+func newRedisKV(seeds []string, password string, opTimeout time.Duration) redisKV {
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		// A copy: go-redis appends the nodes it learns to Addrs in place,
+		// which would race between clients sharing seeds' array.
+		Addrs:                 slices.Clone(seeds),
+		Password:              password,
+		ClientName:            "kvctl-workload",
+		MaxRedirects:          16,
+		MinRetryBackoff:       8 * time.Millisecond,
+		MaxRetryBackoff:       512 * time.Millisecond,
+		DialTimeout:           min(5*time.Second, opTimeout),
+		ReadTimeout:           6 * time.Second,
+		WriteTimeout:          6 * time.Second,
+		ContextTimeoutEnabled: true,
+		PoolSize:              2,
+	})
+	c.OnNewNode(func(n *redis.Client) { n.AddHook(noResendHook{}) })
+	return redisKV{c}
+}
+
+func (r redisKV) Get(ctx context.Context, key string) (string, error) {
+	v, err := r.c.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	return v, err
+}
+
+func (r redisKV) Put(ctx context.Context, key, value string) error {
+	return r.c.Set(ctx, key, value, 0).Err()
+}
+
+func (r redisKV) Append(ctx context.Context, key, value string) error {
+	return r.c.Append(ctx, key, value).Err()
+}
+
+func (r redisKV) Close() { r.c.Close() }
+
+// noResendHook keeps a ClusterClient from resending a write that may have
+// been applied. ClusterClient resends a command whose connection failed
+// (EOF, reset, read timeout) to the same or another node; Redis commands
+// carry no request id, so a resent APPEND that had been applied is applied
+// twice, and a resent SET can overwrite a later write: a history the
+// checker rejects although the cluster did nothing wrong. On a node client,
+// the hook turns such an error of a write into one ClusterClient does not
+// retry, so the write is recorded with an unknown outcome. Replies from the
+// server (MOVED, ASK, TRYAGAIN, CLUSTERDOWN: the command did not run; the
+// outcome-unknown error) and dial errors (nothing was sent) pass through,
+// as do all errors of a GET, which is safe to resend.
+type noResendHook struct{}
+
+func (noResendHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (noResendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (noResendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil || cmd.Name() == "get" || !mayHaveRun(err) {
+			return err
+		}
+		// Not wrapped: go-redis would still find the retryable error.
+		err = fmt.Errorf("%s (may have been applied: not resent)", err.Error())
+		cmd.SetErr(err)
+		return err
+	}
+}
+
+// mayHaveRun reports whether a command that failed with err may have
+// reached the server.
+func mayHaveRun(err error) bool {
+	var rerr redis.Error
+	var operr *net.OpError
+	switch {
+	case errors.As(err, &rerr): // the server's reply
+		return false
+	case errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout):
+		return false
+	case errors.As(err, &operr) && operr.Op == "dial":
+		return false
+	}
+	return true
+}
+
+// isAuthError reports whether err is a Redis front end refusing the
+// password (or asking for one): retrying does not help.
+func isAuthError(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	s := rerr.Error()
+	return strings.HasPrefix(s, "WRONGPASS") || strings.HasPrefix(s, "NOAUTH") || strings.HasPrefix(s, "ERR AUTH")
+}
+
 // defaultWorkloadPrefix is the host name (a pod's name) and a random
 // suffix, so that two runs never share keys.
 func defaultWorkloadPrefix() string {
@@ -430,6 +585,8 @@ func cmdWorkload(k *kvctl, args []string) error {
 	check := fs.Bool("check", false, "")
 	checkTimeout := fs.Duration("check-timeout", 5*time.Minute, "")
 	viz := fs.String("viz", "", "")
+	redisSeeds := fs.String("redis", "", "")
+	redisPass := fs.String("redis-password", "", "")
 	if _, err := k.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
@@ -452,12 +609,33 @@ func cmdWorkload(k *kvctl, args []string) error {
 	if *prefix == "" {
 		*prefix = defaultWorkloadPrefix()
 	}
-	addrs, err := k.resolveCtrler()
-	if err != nil {
-		return err
+	cfg := workloadConfig{clients: *clients, keys: *keys, prefix: *prefix, opTimeout: *opTimeout, rate: *rate}
+	var proto string
+	if *redisSeeds != "" {
+		for _, a := range strings.Split(*redisSeeds, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				cfg.redis = append(cfg.redis, a)
+			}
+		}
+		if len(cfg.redis) == 0 {
+			return usagef(nil, "--redis needs host:port addresses")
+		}
+		cfg.redisPass = os.Getenv(EnvRedisPassword)
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "redis-password" {
+				cfg.redisPass = *redisPass
+			}
+		})
+		proto = "protocol redis, seeds " + strings.Join(cfg.redis, ",")
+	} else {
+		addrs, err := k.resolveCtrler()
+		if err != nil {
+			return err
+		}
+		cfg.ctrler = addrs
+		proto = "protocol grpc, controller " + strings.Join(addrs, ",")
 	}
-	w, err := newWorkload(workloadConfig{ctrler: addrs, clients: *clients, keys: *keys, prefix: *prefix,
-		opTimeout: *opTimeout, rate: *rate}, k.stderr)
+	w, err := newWorkload(cfg, k.stderr)
 	if err != nil {
 		return err
 	}
@@ -469,8 +647,8 @@ func cmdWorkload(k *kvctl, args []string) error {
 		}
 		w.logf("listening on %s (GET /status, POST /stop, GET /history, GET /healthz)", a)
 	}
-	w.logf("%d clients, keys wl-%s-0..%d, op timeout %v, rate %s, controller %s", *clients, *prefix, *keys-1,
-		*opTimeout, rateString(*rate), strings.Join(addrs, ","))
+	w.logf("%d clients, keys wl-%s-0..%d, op timeout %v, rate %s, %s", *clients, *prefix, *keys-1,
+		*opTimeout, rateString(*rate), proto)
 
 	sig, stopSig := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stopSig()
