@@ -151,7 +151,7 @@ func (g *Group) refusal(key []byte, code Code) *Refusal {
 // while no leader is known.
 func (g *Group) toLeader(key []byte) *Refusal {
 	slot := routing.Slot(key)
-	id, _ := g.r.Leader()
+	id := g.leaderOf(g.sm.gid)
 	if addr := g.respAddrOf(g.sm.gid, id); addr != "" && id != g.r.ID() {
 		return &Refusal{Kind: Moved, Slot: slot, Addr: addr}
 	}
@@ -191,8 +191,13 @@ func (g *Group) respAddrOf(gid, id uint64) string {
 // controller's status for the others.
 func (g *Group) leaderOf(gid uint64) uint64 {
 	if gid == g.sm.gid {
-		id, _ := g.r.Leader()
-		return id
+		if id, _ := g.r.Leader(); id != 0 {
+			return id
+		}
+		// A replica that just started (a pod restart) knows no leader
+		// until the leader's first message: fall back to the one the
+		// controller last heard from, so clients are redirected rather
+		// than told to retry here. A stale leader costs one more redirect.
 	}
 	g.respMu.Lock()
 	defer g.respMu.Unlock()
