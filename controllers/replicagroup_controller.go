@@ -735,10 +735,7 @@ func (r *ReplicaGroupReconciler) ensureService(ctx context.Context, rg *shardkvv
 	have := &corev1.Service{}
 	err := r.Get(ctx, client.ObjectKeyFromObject(want), have)
 	if apierrors.IsNotFound(err) {
-		if err := controllerutil.SetControllerReference(rg, want, r.Scheme); err != nil {
-			return err
-		}
-		return client.IgnoreAlreadyExists(r.Create(ctx, want))
+		return client.IgnoreAlreadyExists(createOwned(ctx, r.Client, r.Scheme, rg, want))
 	}
 	if err != nil {
 		return err
@@ -769,14 +766,8 @@ func (r *ReplicaGroupReconciler) ensureStatefulSet(ctx context.Context, rg *shar
 			}
 		}
 		want := r.desiredStatefulSet(rg, sm, replicas)
-		if err := controllerutil.SetControllerReference(rg, want, r.Scheme); err != nil {
-			return nil, err
-		}
-		if err := r.Create(ctx, want); err != nil {
-			if apierrors.IsAlreadyExists(err) {
-				return nil, err // the cache is behind; retry
-			}
-			return nil, err
+		if err := createOwned(ctx, r.Client, r.Scheme, rg, want); err != nil {
+			return nil, err // AlreadyExists: the cache is behind; retry
 		}
 		r.Recorder.Eventf(rg, nil, corev1.EventTypeNormal, "CreateStatefulSet", "CreateStatefulSet",
 			"created StatefulSet %s with %d bootstrap replicas (group %d)", want.Name, replicas, rg.Status.GroupID)
@@ -809,10 +800,7 @@ func (r *ReplicaGroupReconciler) ensurePDB(ctx context.Context, rg *shardkvv1.Re
 	have := &policyv1.PodDisruptionBudget{}
 	err := r.Get(ctx, client.ObjectKeyFromObject(want), have)
 	if apierrors.IsNotFound(err) {
-		if err := controllerutil.SetControllerReference(rg, want, r.Scheme); err != nil {
-			return err
-		}
-		return client.IgnoreAlreadyExists(r.Create(ctx, want))
+		return client.IgnoreAlreadyExists(createOwned(ctx, r.Client, r.Scheme, rg, want))
 	}
 	if err != nil {
 		return err

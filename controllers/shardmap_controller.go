@@ -44,7 +44,6 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -578,10 +577,7 @@ func (r *ShardMapReconciler) ensureObjects(ctx context.Context, p *smPass) error
 	// StatefulSet.
 	want := r.desiredCtrlerSts(sm, p.bootstrap)
 	if sts == nil {
-		if err := controllerutil.SetControllerReference(sm, want, r.Scheme); err != nil {
-			return err
-		}
-		if err := r.Create(ctx, want); err != nil {
+		if err := createOwned(ctx, r.Client, r.Scheme, sm, want); err != nil {
 			return err
 		}
 		p.sts, p.acted = want, true
@@ -623,10 +619,7 @@ func (r *ShardMapReconciler) ensureObjects(ctx context.Context, p *smPass) error
 	svc := &corev1.Service{}
 	switch err := r.Get(ctx, key, svc); {
 	case apierrors.IsNotFound(err):
-		if err := controllerutil.SetControllerReference(sm, wantSvc, r.Scheme); err != nil {
-			return err
-		}
-		if err := r.Create(ctx, wantSvc); err != nil {
+		if err := createOwned(ctx, r.Client, r.Scheme, sm, wantSvc); err != nil {
 			return err
 		}
 		p.acted = true
@@ -658,10 +651,7 @@ func (r *ShardMapReconciler) ensureObjects(ctx context.Context, p *smPass) error
 	pdb := &policyv1.PodDisruptionBudget{}
 	switch err := r.Get(ctx, key, pdb); {
 	case apierrors.IsNotFound(err):
-		if err := controllerutil.SetControllerReference(sm, wantPDB, r.Scheme); err != nil {
-			return err
-		}
-		if err := r.Create(ctx, wantPDB); err != nil {
+		if err := createOwned(ctx, r.Client, r.Scheme, sm, wantPDB); err != nil {
 			return err
 		}
 		p.acted = true

@@ -59,7 +59,9 @@ func isOutcomeUnknown(err error) bool {
 //     never resent.
 func newClusterClient(addrs []string) *redis.ClusterClient {
 	return redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs:           addrs,
+		// A copy: go-redis appends the nodes it discovers to Addrs, which
+		// races when clients share one slice.
+		Addrs:           slices.Clone(addrs),
 		MaxRedirects:    16,
 		MinRetryBackoff: 8 * time.Millisecond,
 		MaxRetryBackoff: 512 * time.Millisecond,
