@@ -10,7 +10,7 @@ KUBECTL ?= kubectl
 # Extra flags for `make run-manager`, e.g. MANAGER_ARGS="--namespace=demo".
 MANAGER_ARGS ?=
 
-.PHONY: all run build test bench lint vet staticcheck tidy-check generate generate-proto generate-deepcopy manifests \
+.PHONY: all run build test bench lint vet staticcheck tidy-check generate generate-proto generate-deepcopy manifests generate-check \
 	install uninstall deploy undeploy run-manager clean test-e2e images cluster-up cluster-down
 
 all: build
@@ -79,10 +79,21 @@ staticcheck:
 tidy-check:
 	$(GO) mod tidy -diff
 
-## generate: regenerate checked-in code.
-generate: generate-proto generate-deepcopy
+## generate: regenerate every piece of checked-in generated code: the
+## protobuf/gRPC code (pkg/shardkvpb), deepcopy methods (api/v1alpha1), and
+## the manifests (CRDs and RBAC in config/). `make generate manifests` and
+## `make generate` do the same.
+generate: generate-proto generate-deepcopy manifests
 
-# Needs protoc: apt-get install -y protobuf-compiler
+## generate-check: regenerate everything and fail if the committed code
+## differs (CI runs this; needs protoc 3.21.12, see hack/gen-proto.sh).
+generate-check: generate
+	@git diff --exit-code --stat -- pkg/shardkvpb api config || { \
+		echo "generate-check: generated code is stale: run 'make generate' and commit the result" >&2; exit 1; }
+	@untracked="$$(git ls-files --others --exclude-standard -- pkg/shardkvpb api config)"; \
+	if [ -n "$$untracked" ]; then echo "generate-check: untracked generated files: $$untracked" >&2; exit 1; fi
+
+# Needs protoc 3.21.12: apt-get install -y protobuf-compiler (Debian bookworm).
 generate-proto:
 	bash hack/gen-proto.sh
 
