@@ -15,7 +15,7 @@ MANAGER_ARGS ?=
 
 all: build
 
-## build: compile every package; binaries from cmd/*/ (node, kvctl) go to $(BIN)/.
+## build: compile every package; binaries from cmd/*/ (node, kvctl, manager) go to $(BIN)/.
 build:
 	$(GO) build ./...
 	@if ls -d cmd/*/ >/dev/null 2>&1; then \
