@@ -2,7 +2,11 @@ package controllers
 
 import (
 	"context"
+	"encoding/json"
+	"hash/fnv"
+	"strconv"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -16,4 +20,27 @@ func createOwned(ctx context.Context, c client.Client, scheme *runtime.Scheme, o
 		return err
 	}
 	return c.Create(ctx, obj)
+}
+
+// contentHash identifies the content of what the operator last wrote (an
+// object's spec, a pod template), so a change of the desired object is seen
+// by comparing an annotation, not the object against API-server defaults.
+func contentHash(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // API types always marshal
+	}
+	h := fnv.New64a()
+	h.Write(b)
+	return strconv.FormatUint(h.Sum64(), 36)
+}
+
+// setAnnotation sets annotation key of o to value.
+func setAnnotation(o metav1.Object, key, value string) {
+	a := o.GetAnnotations()
+	if a == nil {
+		a = map[string]string{}
+	}
+	a[key] = value
+	o.SetAnnotations(a)
 }

@@ -156,10 +156,6 @@ func (r *ReplicaGroupReconciler) requeueIdle() time.Duration {
 	return orDefault(r.RequeueIdle, 30*time.Second)
 }
 
-func (r *ReplicaGroupReconciler) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, orDefault(r.CallTimeout, defaultCallTimeout))
-}
-
 // Reconcile runs one pass: observe, plan one step, execute it, record status.
 func (r *ReplicaGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	logger := log.FromContext(ctx)
@@ -341,7 +337,7 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 			if err != nil {
 				return
 			}
-			cctx, cancel := r.callCtx(ctx)
+			cctx, cancel := callCtx(ctx, r.CallTimeout)
 			defer cancel()
 			st, err := api.Status(cctx)
 			if err != nil {
@@ -379,13 +375,13 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 		}
 		if len(addrs) > 0 {
 			if api, err := r.DataPlane.Controller(addrs); err == nil {
-				cctx, cancel := r.callCtx(ctx)
+				cctx, cancel := callCtx(ctx, r.CallTimeout)
 				if cfg, err := api.Query(cctx, -1); err == nil {
 					o.Config = cfg
 				}
 				cancel()
 				if o.Deleting && o.Config != nil {
-					cctx, cancel := r.callCtx(ctx)
+					cctx, cancel := callCtx(ctx, r.CallTimeout)
 					if cs, err := api.Status(cctx); err == nil {
 						o.Reports = map[uint64]*shardkvpb.GroupReport{}
 						for _, g := range cs.Groups {
@@ -405,15 +401,6 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 	return o, nil
 }
 
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
 // replicaAddr is where the operator dials the replica at ordinal ("" if
 // it cannot yet: no pod IP).
 func (r *ReplicaGroupReconciler) replicaAddr(rg *shardkvv1.ReplicaGroup, ordinal int, p *corev1.Pod) string {
@@ -430,28 +417,13 @@ func (r *ReplicaGroupReconciler) replicaAddr(rg *shardkvv1.ReplicaGroup, ordinal
 // DialPodIPs) its pods' IPs.
 func (r *ReplicaGroupReconciler) ctrlerAddrs(ctx context.Context, sm *shardkvv1.ShardMap) ([]string, error) {
 	if !r.DialPodIPs {
-		return CtrlerAddrs(sm.Name, ctrlerReplicas(sm), sm.Namespace), nil
+		return CtrlerAddrs(sm.Name, int(smCtrlerReplicas(sm)), sm.Namespace), nil
 	}
 	var pods corev1.PodList
 	if err := r.List(ctx, &pods, client.InNamespace(sm.Namespace), client.MatchingLabels{LabelInstance: sm.Name}); err != nil {
 		return nil, err
 	}
-	type ip struct {
-		ord  int
-		addr string
-	}
-	var ips []ip
-	for _, p := range pods.Items {
-		if ord := podOrdinal(CtrlerName(sm.Name), p.Name); ord >= 0 && p.Status.PodIP != "" && p.DeletionTimestamp.IsZero() {
-			ips = append(ips, ip{ord, net.JoinHostPort(p.Status.PodIP, strconv.Itoa(GRPCPort))})
-		}
-	}
-	slices.SortFunc(ips, func(a, b ip) int { return a.ord - b.ord })
-	out := make([]string, len(ips))
-	for i, x := range ips {
-		out[i] = x.addr
-	}
-	return out, nil
+	return ctrlerPodAddrs(sm.Name, pods.Items), nil
 }
 
 func (r *ReplicaGroupReconciler) ctrlerAPI(ctx context.Context, sm *shardkvv1.ShardMap) (ControllerAPI, error) {
@@ -513,7 +485,7 @@ func (r *ReplicaGroupReconciler) execute(ctx context.Context, rg *shardkvv1.Repl
 		if err != nil {
 			return false, ctrl.Result{}, err
 		}
-		cctx, cancel := r.callCtx(ctx)
+		cctx, cancel := callCtx(ctx, r.CallTimeout)
 		defer cancel()
 		switch st.Kind {
 		case stepAddLearner:
@@ -532,7 +504,7 @@ func (r *ReplicaGroupReconciler) execute(ctx context.Context, rg *shardkvv1.Repl
 		if err != nil {
 			return false, ctrl.Result{}, err
 		}
-		cctx, cancel := r.callCtx(ctx)
+		cctx, cancel := callCtx(ctx, r.CallTimeout)
 		defer cancel()
 		cfg, err := api.Join(cctx, &shardkvpb.Group{Gid: o.GroupID, Servers: st.Servers, Weight: o.Weight})
 		if err != nil {
@@ -549,7 +521,7 @@ func (r *ReplicaGroupReconciler) execute(ctx context.Context, rg *shardkvv1.Repl
 		if err != nil {
 			return false, ctrl.Result{}, err
 		}
-		cctx, cancel := r.callCtx(ctx)
+		cctx, cancel := callCtx(ctx, r.CallTimeout)
 		defer cancel()
 		cfg, err := api.Leave(cctx, o.GroupID)
 		if err != nil {
@@ -781,10 +753,7 @@ func (r *ReplicaGroupReconciler) ensureStatefulSet(ctx context.Context, rg *shar
 	if have.Annotations[annotationTemplateHash] == hash {
 		return have, nil
 	}
-	if have.Annotations == nil {
-		have.Annotations = map[string]string{}
-	}
-	have.Annotations[annotationTemplateHash] = hash
+	setAnnotation(have, annotationTemplateHash, hash)
 	have.Spec.Template = want.Spec.Template
 	have.Labels = want.Labels
 	if err := r.Update(ctx, have); err != nil {

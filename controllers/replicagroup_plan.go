@@ -536,16 +536,14 @@ func nextStep(o *observed) step {
 			Message: fmt.Sprintf("scale-out: growing the StatefulSet to %d", S+1)}
 	}
 
-	// 9. Rolling update: followers first, one at a time, each back and
-	// caught up before the next; the leader last, after a transfer.
+	// 9. Rolling update (nextRollout): followers first, one at a time, each
+	// back and caught up before the next; the leader last, after a transfer.
 	if o.UpdateRevision != "" {
-		var outdated []int
-		for i := range S {
-			if p := o.pod(i); p.Exists && p.Revision != o.UpdateRevision {
-				outdated = append(outdated, i)
-			}
-		}
-		if len(outdated) > 0 {
+		roll := nextRollout(S, func(i int) bool {
+			p := o.pod(i)
+			return p.Exists && p.Revision != o.UpdateRevision
+		}, o.LeaderOrdinal)
+		if roll.Outdated > 0 {
 			for i := range S {
 				p := o.pod(i)
 				ms := o.membersAt(i)
@@ -558,11 +556,9 @@ func nextStep(o *observed) step {
 					return wait(reasonWaitingForRollout, "rolling update: waiting for pod %s to be healthy and caught up", p.Name)
 				}
 			}
-			for _, i := range slices.Backward(outdated) {
-				if i != o.LeaderOrdinal {
-					return step{Kind: stepRestartPod, Ordinal: i, Reason: reasonRollingUpdate,
-						Message: fmt.Sprintf("rolling update: restarting follower %s", o.podName(i))}
-				}
+			if !roll.Leader {
+				return step{Kind: stepRestartPod, Ordinal: roll.Next, Reason: reasonRollingUpdate,
+					Message: fmt.Sprintf("rolling update: restarting follower %s", o.podName(roll.Next))}
 			}
 			if len(voters) > 1 {
 				t, ok := o.bestTransferTarget(S, o.UpdateRevision)

@@ -4,16 +4,13 @@ package controllers
 // Service and PodDisruptionBudget, built from the spec.
 
 import (
-	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -28,9 +25,10 @@ const (
 	// replicas the group was bootstrapped with: its --peers, fixed for the
 	// group's life.
 	AnnotationBootstrapReplicas = "shardkv.io/bootstrap-replicas"
-	// annotationTemplateHash (on the StatefulSet) is the hash of the pod
-	// template the operator last wrote, so a spec change is seen without
-	// comparing against API-server defaults.
+	// annotationTemplateHash (on the StatefulSet) is the contentHash of
+	// the pod template the operator last wrote: replicas are the planner's,
+	// so only the template is compared (the ShardMap's objects hash their
+	// whole spec, annotationSpecHash).
 	annotationTemplateHash = "shardkv.io/template-hash"
 	// ComponentGroup is the LabelComponent value of data-group objects.
 	ComponentGroup = "group"
@@ -126,7 +124,7 @@ func nodeArgs(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, gid uint64, bo
 		fmt.Sprintf("--listen=0.0.0.0:%d", GRPCPort),
 		fmt.Sprintf("--advertise=%s:%d", self, GRPCPort),
 		"--peers=" + PeersFlag(rg.Name, bootstrap, ns),
-		"--ctrler=" + strings.Join(CtrlerAddrs(sm.Name, ctrlerReplicas(sm), ns), ","),
+		"--ctrler=" + strings.Join(CtrlerAddrs(sm.Name, int(smCtrlerReplicas(sm)), ns), ","),
 		fmt.Sprintf("--resp=0.0.0.0:%d", RESPPort),
 		fmt.Sprintf("--resp-advertise=%s:%d", self, RESPPort),
 		fmt.Sprintf("--http=0.0.0.0:%d", HTTPPort),
@@ -204,28 +202,13 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 	}
 }
 
-// templateHash identifies a pod template's content.
-func templateHash(t *corev1.PodTemplateSpec) string {
-	b, err := json.Marshal(t)
-	if err != nil {
-		panic(err) // a PodTemplateSpec always marshals
-	}
-	h := fnv.New64a()
-	h.Write(b)
-	return strconv.FormatUint(h.Sum64(), 36)
-}
-
 // desiredStatefulSet is the group's StatefulSet with replicas pods.
 func (r *ReplicaGroupReconciler) desiredStatefulSet(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, replicas int32) *appsv1.StatefulSet {
 	tmpl := r.podTemplate(rg, sm, uint64(rg.Status.GroupID), int(bootstrapReplicas(rg)))
-	size := rg.Spec.Storage.Size
-	if size.IsZero() {
-		size = resource.MustParse("1Gi")
-	}
 	return &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: rg.Name, Namespace: rg.Namespace, Labels: groupLabels(rg),
-			Annotations: map[string]string{annotationTemplateHash: templateHash(&tmpl)},
+			Annotations: map[string]string{annotationTemplateHash: contentHash(&tmpl)},
 		},
 		Spec: appsv1.StatefulSetSpec{
 			Replicas:            ptr.To(replicas),
@@ -241,7 +224,7 @@ func (r *ReplicaGroupReconciler) desiredStatefulSet(rg *shardkvv1.ReplicaGroup, 
 					AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 					StorageClassName: rg.Spec.Storage.StorageClassName,
 					Resources: corev1.VolumeResourceRequirements{
-						Requests: corev1.ResourceList{corev1.ResourceStorage: size},
+						Requests: corev1.ResourceList{corev1.ResourceStorage: storageSize(rg.Spec.Storage)},
 					},
 				},
 			}},
