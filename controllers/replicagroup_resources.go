@@ -13,7 +13,6 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
@@ -32,9 +31,6 @@ const (
 	annotationTemplateHash = "shardkv.io/template-hash"
 	// ComponentGroup is the LabelComponent value of data-group objects.
 	ComponentGroup = "group"
-	// dataVolume is the name of the volume claim template; PVCs are
-	// data-<rg>-<ordinal>.
-	dataVolume = "data"
 	// nodeContainer is the name of the replica's container.
 	nodeContainer = "node"
 )
@@ -146,16 +142,7 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 	}
 	affinity := rg.Spec.PodTemplate.Affinity.DeepCopy()
 	if affinity == nil {
-		// Spread the replicas over nodes where the cluster allows it.
-		affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
-			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
-				Weight: 100,
-				PodAffinityTerm: corev1.PodAffinityTerm{
-					TopologyKey:   corev1.LabelHostname,
-					LabelSelector: &metav1.LabelSelector{MatchLabels: groupSelectorLabels(rg)},
-				},
-			}},
-		}}
+		affinity = spreadAffinity(groupSelectorLabels(rg))
 	}
 	var tolerations []corev1.Toleration
 	for _, t := range rg.Spec.PodTemplate.Tolerations {
@@ -185,11 +172,7 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 				Command: []string{"/node"},
 				Args:    nodeArgs(rg, sm, gid, bootstrap),
 				Env:     groupEnv(rg),
-				Ports: []corev1.ContainerPort{
-					{Name: "grpc", ContainerPort: GRPCPort, Protocol: corev1.ProtocolTCP},
-					{Name: "resp", ContainerPort: RESPPort, Protocol: corev1.ProtocolTCP},
-					{Name: "http", ContainerPort: HTTPPort, Protocol: corev1.ProtocolTCP},
-				},
+				Ports:   containerPorts("grpc", "resp", "http"),
 				// /healthz answers while the process runs: it needs no
 				// leader, so a group that lost quorum still gets its pods
 				// in the Service's DNS.
@@ -216,18 +199,9 @@ func (r *ReplicaGroupReconciler) desiredStatefulSet(rg *shardkvv1.ReplicaGroup, 
 			ServiceName:         rg.Name,
 			PodManagementPolicy: appsv1.ParallelPodManagement,
 			// The operator restarts pods itself, leader last.
-			UpdateStrategy: appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
-			Template:       tmpl,
-			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{
-				ObjectMeta: metav1.ObjectMeta{Name: dataVolume, Labels: groupSelectorLabels(rg)},
-				Spec: corev1.PersistentVolumeClaimSpec{
-					AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-					StorageClassName: rg.Spec.Storage.StorageClassName,
-					Resources: corev1.VolumeResourceRequirements{
-						Requests: corev1.ResourceList{corev1.ResourceStorage: storageSize(rg.Spec.Storage)},
-					},
-				},
-			}},
+			UpdateStrategy:       appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
+			Template:             tmpl,
+			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{dataClaimTemplate(groupSelectorLabels(rg), rg.Spec.Storage)},
 			// Claims stay when the set shrinks or goes: the operator
 			// deletes them itself per spec.pvcRetention, once it is safe.
 			PersistentVolumeClaimRetentionPolicy: &appsv1.StatefulSetPersistentVolumeClaimRetentionPolicy{
@@ -240,19 +214,7 @@ func (r *ReplicaGroupReconciler) desiredStatefulSet(rg *shardkvv1.ReplicaGroup, 
 
 // desiredService is the group's headless Service (pod DNS names).
 func desiredService(rg *shardkvv1.ReplicaGroup) *corev1.Service {
-	return &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: rg.Name, Namespace: rg.Namespace, Labels: groupLabels(rg)},
-		Spec: corev1.ServiceSpec{
-			ClusterIP:                corev1.ClusterIPNone,
-			PublishNotReadyAddresses: true,
-			Selector:                 groupSelectorLabels(rg),
-			Ports: []corev1.ServicePort{
-				{Name: "grpc", Port: GRPCPort, TargetPort: intstr.FromString("grpc"), Protocol: corev1.ProtocolTCP},
-				{Name: "resp", Port: RESPPort, TargetPort: intstr.FromString("resp"), Protocol: corev1.ProtocolTCP},
-				{Name: "http", Port: HTTPPort, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP},
-			},
-		},
-	}
+	return headlessService(rg.Name, rg.Namespace, groupLabels(rg), groupSelectorLabels(rg), "grpc", "resp", "http")
 }
 
 // pdbMinAvailable keeps a quorum of voters through voluntary disruptions:
@@ -268,13 +230,7 @@ func pdbMinAvailable(pods, voters int) int {
 
 // desiredPDB is the group's PodDisruptionBudget.
 func desiredPDB(rg *shardkvv1.ReplicaGroup, minAvailable int) *policyv1.PodDisruptionBudget {
-	return &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Name: rg.Name, Namespace: rg.Namespace, Labels: groupLabels(rg)},
-		Spec: policyv1.PodDisruptionBudgetSpec{
-			MinAvailable: ptr.To(intstr.FromInt32(int32(minAvailable))),
-			Selector:     &metav1.LabelSelector{MatchLabels: groupSelectorLabels(rg)},
-		},
-	}
+	return podDisruptionBudget(rg.Name, rg.Namespace, groupLabels(rg), groupSelectorLabels(rg), int32(minAvailable))
 }
 
 // groupEnv is the node container's environment: its pod name, and the

@@ -12,9 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
@@ -101,16 +99,7 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 	return corev1.PodTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: ctrlerLabels(sm)},
 		Spec: corev1.PodSpec{
-			// Spread the replicas over nodes where the cluster allows it.
-			Affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
-				PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
-					Weight: 100,
-					PodAffinityTerm: corev1.PodAffinityTerm{
-						TopologyKey:   corev1.LabelHostname,
-						LabelSelector: &metav1.LabelSelector{MatchLabels: ctrlerSelectorLabels(sm)},
-					},
-				}},
-			}},
+			Affinity: spreadAffinity(ctrlerSelectorLabels(sm)),
 			// SIGTERM: a leader hands off first; the whole stop takes < 8s.
 			TerminationGracePeriodSeconds: ptr.To[int64](30),
 			EnableServiceLinks:            ptr.To(false),
@@ -123,17 +112,14 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 				Command: []string{"/node"},
 				Args:    ctrlerArgs(sm, bootstrap),
 				Env:     []corev1.EnvVar{podNameEnv()},
-				Ports: []corev1.ContainerPort{
-					{Name: "grpc", ContainerPort: GRPCPort, Protocol: corev1.ProtocolTCP},
-					{Name: "http", ContainerPort: HTTPPort, Protocol: corev1.ProtocolTCP},
-				},
+				Ports:   containerPorts("grpc", "http"),
 				// /healthz answers while the process runs. Readiness must
 				// not need a leader (/readyz does): a bootstrapping group
 				// has none until a quorum of pods runs.
 				ReadinessProbe: httpProbe(0, 5, 2, 3),
 				LivenessProbe:  httpProbe(10, 10, 5, 6),
 				Resources:      *sm.Spec.Controller.Resources.DeepCopy(),
-				VolumeMounts:   []corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
+				VolumeMounts:   []corev1.VolumeMount{{Name: dataVolume, MountPath: "/data"}},
 				SecurityContext: &corev1.SecurityContext{
 					AllowPrivilegeEscalation: ptr.To(false),
 					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
@@ -143,16 +129,8 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 	}
 }
 
-func storageSize(s shardkvv1.StorageSpec) resource.Quantity {
-	if s.Size.IsZero() {
-		return resource.MustParse("1Gi")
-	}
-	return s.Size
-}
-
 func (r *ShardMapReconciler) desiredCtrlerSts(sm *shardkvv1.ShardMap, bootstrap int32) *appsv1.StatefulSet {
 	name := CtrlerName(sm.Name)
-	st := sm.Spec.Controller.Storage
 	sts := &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name, Namespace: sm.Namespace, Labels: ctrlerLabels(sm),
@@ -164,18 +142,10 @@ func (r *ShardMapReconciler) desiredCtrlerSts(sm *shardkvv1.ShardMap, bootstrap 
 			PodManagementPolicy: appsv1.ParallelPodManagement,
 			// The operator rolls the pods itself, one at a time, with a
 			// quorum up and the controller answering.
-			UpdateStrategy: appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
-			Selector:       &metav1.LabelSelector{MatchLabels: ctrlerSelectorLabels(sm)},
-			Template:       r.ctrlerPodTemplate(sm, bootstrap),
-			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{
-				ObjectMeta: metav1.ObjectMeta{Name: "data", Labels: ctrlerSelectorLabels(sm)},
-				Spec: corev1.PersistentVolumeClaimSpec{
-					AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-					StorageClassName: st.StorageClassName,
-					Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
-						corev1.ResourceStorage: storageSize(st)}},
-				},
-			}},
+			UpdateStrategy:       appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
+			Selector:             &metav1.LabelSelector{MatchLabels: ctrlerSelectorLabels(sm)},
+			Template:             r.ctrlerPodTemplate(sm, bootstrap),
+			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{dataClaimTemplate(ctrlerSelectorLabels(sm), sm.Spec.Controller.Storage)},
 		},
 	}
 	sts.Annotations[annotationSpecHash] = contentHash(sts.Spec)
@@ -183,19 +153,7 @@ func (r *ShardMapReconciler) desiredCtrlerSts(sm *shardkvv1.ShardMap, bootstrap 
 }
 
 func desiredCtrlerService(sm *shardkvv1.ShardMap) *corev1.Service {
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: CtrlerName(sm.Name), Namespace: sm.Namespace, Labels: ctrlerLabels(sm)},
-		Spec: corev1.ServiceSpec{
-			ClusterIP: corev1.ClusterIPNone,
-			// Peers must resolve each other before any is ready.
-			PublishNotReadyAddresses: true,
-			Selector:                 ctrlerSelectorLabels(sm),
-			Ports: []corev1.ServicePort{
-				{Name: "grpc", Port: GRPCPort, TargetPort: intstr.FromString("grpc"), Protocol: corev1.ProtocolTCP},
-				{Name: "http", Port: HTTPPort, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP},
-			},
-		},
-	}
+	svc := headlessService(CtrlerName(sm.Name), sm.Namespace, ctrlerLabels(sm), ctrlerSelectorLabels(sm), "grpc", "http")
 	svc.Annotations = map[string]string{annotationSpecHash: contentHash(svc.Spec)}
 	return svc
 }
@@ -204,13 +162,7 @@ func desiredCtrlerService(sm *shardkvv1.ShardMap) *corev1.Service {
 // voluntary disruptions (drains): minAvailable = n/2+1, so a 3-member group
 // loses at most 1 pod at a time and a 1-member group none.
 func desiredCtrlerPDB(sm *shardkvv1.ShardMap, replicas int32) *policyv1.PodDisruptionBudget {
-	pdb := &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Name: CtrlerName(sm.Name), Namespace: sm.Namespace, Labels: ctrlerLabels(sm)},
-		Spec: policyv1.PodDisruptionBudgetSpec{
-			MinAvailable: ptr.To(intstr.FromInt32(replicas/2 + 1)),
-			Selector:     &metav1.LabelSelector{MatchLabels: ctrlerSelectorLabels(sm)},
-		},
-	}
+	pdb := podDisruptionBudget(CtrlerName(sm.Name), sm.Namespace, ctrlerLabels(sm), ctrlerSelectorLabels(sm), replicas/2+1)
 	pdb.Annotations = map[string]string{annotationSpecHash: contentHash(pdb.Spec)}
 	return pdb
 }
