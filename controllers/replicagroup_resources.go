@@ -1,9 +1,12 @@
 package controllers
 
 // The Kubernetes objects of a ReplicaGroup: its StatefulSet, headless
-// Service and PodDisruptionBudget, built from the spec.
+// Service and PodDisruptionBudget, built from the spec, and kept in step
+// with it (ensure*: each pass, before the planner; the StatefulSet's size
+// is the planner's).
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,9 +14,12 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
 )
@@ -242,4 +248,84 @@ func groupEnv(rg *shardkvv1.ReplicaGroup) []corev1.EnvVar {
 		env = append(env, corev1.EnvVar{Name: "SHARDKV_REQUIREPASS", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: sel.DeepCopy()}})
 	}
 	return env
+}
+
+func (r *ReplicaGroupReconciler) ensureService(ctx context.Context, rg *shardkvv1.ReplicaGroup) error {
+	want := desiredService(rg)
+	have := &corev1.Service{}
+	err := r.Get(ctx, client.ObjectKeyFromObject(want), have)
+	if apierrors.IsNotFound(err) {
+		return client.IgnoreAlreadyExists(createOwned(ctx, r.Client, r.Scheme, rg, want))
+	}
+	if err != nil {
+		return err
+	}
+	if equality.Semantic.DeepEqual(have.Spec.Ports, want.Spec.Ports) &&
+		equality.Semantic.DeepEqual(have.Spec.Selector, want.Spec.Selector) &&
+		have.Spec.PublishNotReadyAddresses && equality.Semantic.DeepEqual(have.Labels, want.Labels) {
+		return nil
+	}
+	have.Spec.Ports, have.Spec.Selector, have.Spec.PublishNotReadyAddresses = want.Spec.Ports, want.Spec.Selector, true
+	have.Labels = want.Labels
+	return ignoreConflict(r.Update(ctx, have))
+}
+
+// ensureStatefulSet creates the StatefulSet (with the bootstrap size) or
+// updates its pod template when the spec changed. Replicas are the
+// planner's business.
+func (r *ReplicaGroupReconciler) ensureStatefulSet(ctx context.Context, rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap) (*appsv1.StatefulSet, error) {
+	have := &appsv1.StatefulSet{}
+	err := r.Get(ctx, client.ObjectKeyFromObject(rg), have)
+	if apierrors.IsNotFound(err) {
+		// First creation: the bootstrap members. Recreated (someone
+		// deleted it): as many pods as the members recorded need.
+		replicas := bootstrapReplicas(rg)
+		for _, m := range rg.Status.Members {
+			if ord := podOrdinal(rg.Name, m.Pod); ord >= 0 && int32(ord+1) > replicas {
+				replicas = int32(ord + 1)
+			}
+		}
+		want := r.desiredStatefulSet(rg, sm, replicas)
+		if err := createOwned(ctx, r.Client, r.Scheme, rg, want); err != nil {
+			return nil, err // AlreadyExists: the cache is behind; retry
+		}
+		r.Recorder.Eventf(rg, nil, corev1.EventTypeNormal, "CreateStatefulSet", "CreateStatefulSet",
+			"created StatefulSet %s with %d bootstrap replicas (group %d)", want.Name, replicas, rg.Status.GroupID)
+		return want, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	want := r.desiredStatefulSet(rg, sm, 0)
+	hash := want.Annotations[annotationTemplateHash]
+	if have.Annotations[annotationTemplateHash] == hash {
+		return have, nil
+	}
+	setAnnotation(have, annotationTemplateHash, hash)
+	have.Spec.Template = want.Spec.Template
+	have.Labels = want.Labels
+	if err := r.Update(ctx, have); err != nil {
+		return nil, err
+	}
+	r.Recorder.Eventf(rg, nil, corev1.EventTypeNormal, "UpdateStatefulSet", "UpdateStatefulSet",
+		"updated the pod template of StatefulSet %s; pods are restarted one at a time, the leader last", have.Name)
+	return have, nil
+}
+
+func (r *ReplicaGroupReconciler) ensurePDB(ctx context.Context, rg *shardkvv1.ReplicaGroup, minAvailable int) error {
+	want := desiredPDB(rg, minAvailable)
+	have := &policyv1.PodDisruptionBudget{}
+	err := r.Get(ctx, client.ObjectKeyFromObject(want), have)
+	if apierrors.IsNotFound(err) {
+		return client.IgnoreAlreadyExists(createOwned(ctx, r.Client, r.Scheme, rg, want))
+	}
+	if err != nil {
+		return err
+	}
+	if equality.Semantic.DeepEqual(have.Spec.MinAvailable, want.Spec.MinAvailable) &&
+		equality.Semantic.DeepEqual(have.Spec.Selector, want.Spec.Selector) {
+		return nil
+	}
+	have.Spec.MinAvailable, have.Spec.Selector = want.Spec.MinAvailable, want.Spec.Selector
+	return ignoreConflict(r.Update(ctx, have))
 }
