@@ -55,13 +55,6 @@ func defaultWeight(rg *shardkvv1.ReplicaGroup) uint32 {
 	return 1
 }
 
-func ctrlerReplicas(sm *shardkvv1.ShardMap) int {
-	if sm.Spec.Controller.Replicas > 0 {
-		return int(sm.Spec.Controller.Replicas)
-	}
-	return 3
-}
-
 // bootstrapReplicas is the group's recorded bootstrap size (the spec's
 // replicas if none is recorded yet).
 func bootstrapReplicas(rg *shardkvv1.ReplicaGroup) int32 {
