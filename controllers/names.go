@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -53,4 +54,28 @@ func CtrlerAddrs(sm string, n int, namespace string) []string {
 		out[i] = fmt.Sprintf("%s:%d", PodDNS(CtrlerName(sm), i, namespace), GRPCPort)
 	}
 	return out
+}
+
+// ordinalOf is the ordinal of the pod of set rg whose advertised address
+// addr is ("<rg>-<i>.<rg>.<ns>.svc:<port>"); -1 if it is not one.
+func ordinalOf(rg, ns, addr string) int {
+	host, _, _ := strings.Cut(addr, ":")
+	pod, rest, ok := strings.Cut(host, ".")
+	if !ok || rest != fmt.Sprintf("%s.%s.svc", rg, ns) {
+		return -1
+	}
+	return podOrdinal(rg, pod)
+}
+
+// podOrdinal is i of pod "<rg>-<i>" (-1 if the name is not one).
+func podOrdinal(rg, pod string) int {
+	s, ok := strings.CutPrefix(pod, rg+"-")
+	if !ok || s == "" || (len(s) > 1 && s[0] == '0') {
+		return -1
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
 }

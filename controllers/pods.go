@@ -1,6 +1,10 @@
 package controllers
 
 import (
+	"context"
+	"net"
+	"slices"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -54,4 +58,41 @@ func orDefault(d, def time.Duration) time.Duration {
 		return d
 	}
 	return def
+}
+
+// callCtx bounds one data-plane call: timeout, or defaultCallTimeout when
+// it is not set.
+func callCtx(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, orDefault(timeout, defaultCallTimeout))
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// ctrlerPodAddrs are the gRPC addresses, at the pods' IPs, of ShardMap
+// sm's controller pods among pods, by ordinal; pods without an IP or being
+// deleted are left out.
+func ctrlerPodAddrs(sm string, pods []corev1.Pod) []string {
+	type ip struct {
+		ord  int
+		addr string
+	}
+	var ips []ip
+	for _, p := range pods {
+		if ord := podOrdinal(CtrlerName(sm), p.Name); ord >= 0 && p.Status.PodIP != "" && p.DeletionTimestamp.IsZero() {
+			ips = append(ips, ip{ord, net.JoinHostPort(p.Status.PodIP, strconv.Itoa(GRPCPort))})
+		}
+	}
+	slices.SortFunc(ips, func(a, b ip) int { return a.ord - b.ord })
+	out := make([]string, len(ips))
+	for i, x := range ips {
+		out[i] = x.addr
+	}
+	return out
 }

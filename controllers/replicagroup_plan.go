@@ -536,16 +536,14 @@ func nextStep(o *observed) step {
 			Message: fmt.Sprintf("scale-out: growing the StatefulSet to %d", S+1)}
 	}
 
-	// 9. Rolling update: followers first, one at a time, each back and
-	// caught up before the next; the leader last, after a transfer.
+	// 9. Rolling update (nextRollout): followers first, one at a time, each
+	// back and caught up before the next; the leader last, after a transfer.
 	if o.UpdateRevision != "" {
-		var outdated []int
-		for i := range S {
-			if p := o.pod(i); p.Exists && p.Revision != o.UpdateRevision {
-				outdated = append(outdated, i)
-			}
-		}
-		if len(outdated) > 0 {
+		roll := nextRollout(S, func(i int) bool {
+			p := o.pod(i)
+			return p.Exists && p.Revision != o.UpdateRevision
+		}, o.LeaderOrdinal)
+		if roll.Outdated > 0 {
 			for i := range S {
 				p := o.pod(i)
 				ms := o.membersAt(i)
@@ -558,11 +556,9 @@ func nextStep(o *observed) step {
 					return wait(reasonWaitingForRollout, "rolling update: waiting for pod %s to be healthy and caught up", p.Name)
 				}
 			}
-			for _, i := range slices.Backward(outdated) {
-				if i != o.LeaderOrdinal {
-					return step{Kind: stepRestartPod, Ordinal: i, Reason: reasonRollingUpdate,
-						Message: fmt.Sprintf("rolling update: restarting follower %s", o.podName(i))}
-				}
+			if !roll.Leader {
+				return step{Kind: stepRestartPod, Ordinal: roll.Next, Reason: reasonRollingUpdate,
+					Message: fmt.Sprintf("rolling update: restarting follower %s", o.podName(roll.Next))}
 			}
 			if len(voters) > 1 {
 				t, ok := o.bestTransferTarget(S, o.UpdateRevision)
@@ -663,54 +659,4 @@ func planDeletion(o *observed) step {
 	}
 	return step{Kind: stepFinalize, Reason: reasonDrained,
 		Message: fmt.Sprintf("group %d has handed off and deleted every shard", o.GroupID)}
-}
-
-// shardSummary counts gid's shards in cfg and writes them as ranges
-// "0-63,128-191".
-func shardSummary(cfg *shardkvpb.Config, gid uint64) (int32, string) {
-	var n int32
-	var parts []string
-	shards := cfg.GetShards()
-	for i := 0; i < len(shards); {
-		if shards[i] != gid || gid == 0 {
-			i++
-			continue
-		}
-		j := i
-		for j+1 < len(shards) && shards[j+1] == gid {
-			j++
-		}
-		n += int32(j - i + 1)
-		if i == j {
-			parts = append(parts, strconv.Itoa(i))
-		} else {
-			parts = append(parts, fmt.Sprintf("%d-%d", i, j))
-		}
-		i = j + 1
-	}
-	return n, strings.Join(parts, ",")
-}
-
-// ordinalOf is the ordinal of the pod of set rg whose advertised address
-// addr is ("<rg>-<i>.<rg>.<ns>.svc:<port>"); -1 if it is not one.
-func ordinalOf(rg, ns, addr string) int {
-	host, _, _ := strings.Cut(addr, ":")
-	pod, rest, ok := strings.Cut(host, ".")
-	if !ok || rest != fmt.Sprintf("%s.%s.svc", rg, ns) {
-		return -1
-	}
-	return podOrdinal(rg, pod)
-}
-
-// podOrdinal is i of pod "<rg>-<i>" (-1 if the name is not one).
-func podOrdinal(rg, pod string) int {
-	s, ok := strings.CutPrefix(pod, rg+"-")
-	if !ok || s == "" || (len(s) > 1 && s[0] == '0') {
-		return -1
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 {
-		return -1
-	}
-	return n
 }

@@ -1,23 +1,25 @@
 package controllers
 
 // The Kubernetes objects of a ReplicaGroup: its StatefulSet, headless
-// Service and PodDisruptionBudget, built from the spec.
+// Service and PodDisruptionBudget, built from the spec, and kept in step
+// with it (ensure*: each pass, before the planner; the StatefulSet's size
+// is the planner's).
 
 import (
-	"encoding/json"
+	"context"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
 )
@@ -28,15 +30,13 @@ const (
 	// replicas the group was bootstrapped with: its --peers, fixed for the
 	// group's life.
 	AnnotationBootstrapReplicas = "shardkv.io/bootstrap-replicas"
-	// annotationTemplateHash (on the StatefulSet) is the hash of the pod
-	// template the operator last wrote, so a spec change is seen without
-	// comparing against API-server defaults.
+	// annotationTemplateHash (on the StatefulSet) is the contentHash of
+	// the pod template the operator last wrote: replicas are the planner's,
+	// so only the template is compared (the ShardMap's objects hash their
+	// whole spec, annotationSpecHash).
 	annotationTemplateHash = "shardkv.io/template-hash"
 	// ComponentGroup is the LabelComponent value of data-group objects.
 	ComponentGroup = "group"
-	// dataVolume is the name of the volume claim template; PVCs are
-	// data-<rg>-<ordinal>.
-	dataVolume = "data"
 	// nodeContainer is the name of the replica's container.
 	nodeContainer = "node"
 )
@@ -53,13 +53,6 @@ func defaultWeight(rg *shardkvv1.ReplicaGroup) uint32 {
 		return uint32(rg.Spec.Weight)
 	}
 	return 1
-}
-
-func ctrlerReplicas(sm *shardkvv1.ShardMap) int {
-	if sm.Spec.Controller.Replicas > 0 {
-		return int(sm.Spec.Controller.Replicas)
-	}
-	return 3
 }
 
 // bootstrapReplicas is the group's recorded bootstrap size (the spec's
@@ -126,7 +119,7 @@ func nodeArgs(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, gid uint64, bo
 		fmt.Sprintf("--listen=0.0.0.0:%d", GRPCPort),
 		fmt.Sprintf("--advertise=%s:%d", self, GRPCPort),
 		"--peers=" + PeersFlag(rg.Name, bootstrap, ns),
-		"--ctrler=" + strings.Join(CtrlerAddrs(sm.Name, ctrlerReplicas(sm), ns), ","),
+		"--ctrler=" + strings.Join(CtrlerAddrs(sm.Name, int(smCtrlerReplicas(sm)), ns), ","),
 		fmt.Sprintf("--resp=0.0.0.0:%d", RESPPort),
 		fmt.Sprintf("--resp-advertise=%s:%d", self, RESPPort),
 		fmt.Sprintf("--http=0.0.0.0:%d", HTTPPort),
@@ -148,16 +141,7 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 	}
 	affinity := rg.Spec.PodTemplate.Affinity.DeepCopy()
 	if affinity == nil {
-		// Spread the replicas over nodes where the cluster allows it.
-		affinity = &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
-			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
-				Weight: 100,
-				PodAffinityTerm: corev1.PodAffinityTerm{
-					TopologyKey:   corev1.LabelHostname,
-					LabelSelector: &metav1.LabelSelector{MatchLabels: groupSelectorLabels(rg)},
-				},
-			}},
-		}}
+		affinity = spreadAffinity(groupSelectorLabels(rg))
 	}
 	var tolerations []corev1.Toleration
 	for _, t := range rg.Spec.PodTemplate.Tolerations {
@@ -187,11 +171,7 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 				Command: []string{"/node"},
 				Args:    nodeArgs(rg, sm, gid, bootstrap),
 				Env:     groupEnv(rg),
-				Ports: []corev1.ContainerPort{
-					{Name: "grpc", ContainerPort: GRPCPort, Protocol: corev1.ProtocolTCP},
-					{Name: "resp", ContainerPort: RESPPort, Protocol: corev1.ProtocolTCP},
-					{Name: "http", ContainerPort: HTTPPort, Protocol: corev1.ProtocolTCP},
-				},
+				Ports:   containerPorts("grpc", "resp", "http"),
 				// /healthz answers while the process runs: it needs no
 				// leader, so a group that lost quorum still gets its pods
 				// in the Service's DNS.
@@ -204,28 +184,13 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 	}
 }
 
-// templateHash identifies a pod template's content.
-func templateHash(t *corev1.PodTemplateSpec) string {
-	b, err := json.Marshal(t)
-	if err != nil {
-		panic(err) // a PodTemplateSpec always marshals
-	}
-	h := fnv.New64a()
-	h.Write(b)
-	return strconv.FormatUint(h.Sum64(), 36)
-}
-
 // desiredStatefulSet is the group's StatefulSet with replicas pods.
 func (r *ReplicaGroupReconciler) desiredStatefulSet(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, replicas int32) *appsv1.StatefulSet {
 	tmpl := r.podTemplate(rg, sm, uint64(rg.Status.GroupID), int(bootstrapReplicas(rg)))
-	size := rg.Spec.Storage.Size
-	if size.IsZero() {
-		size = resource.MustParse("1Gi")
-	}
 	return &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: rg.Name, Namespace: rg.Namespace, Labels: groupLabels(rg),
-			Annotations: map[string]string{annotationTemplateHash: templateHash(&tmpl)},
+			Annotations: map[string]string{annotationTemplateHash: contentHash(&tmpl)},
 		},
 		Spec: appsv1.StatefulSetSpec{
 			Replicas:            ptr.To(replicas),
@@ -233,18 +198,9 @@ func (r *ReplicaGroupReconciler) desiredStatefulSet(rg *shardkvv1.ReplicaGroup, 
 			ServiceName:         rg.Name,
 			PodManagementPolicy: appsv1.ParallelPodManagement,
 			// The operator restarts pods itself, leader last.
-			UpdateStrategy: appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
-			Template:       tmpl,
-			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{
-				ObjectMeta: metav1.ObjectMeta{Name: dataVolume, Labels: groupSelectorLabels(rg)},
-				Spec: corev1.PersistentVolumeClaimSpec{
-					AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-					StorageClassName: rg.Spec.Storage.StorageClassName,
-					Resources: corev1.VolumeResourceRequirements{
-						Requests: corev1.ResourceList{corev1.ResourceStorage: size},
-					},
-				},
-			}},
+			UpdateStrategy:       appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType},
+			Template:             tmpl,
+			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{dataClaimTemplate(groupSelectorLabels(rg), rg.Spec.Storage)},
 			// Claims stay when the set shrinks or goes: the operator
 			// deletes them itself per spec.pvcRetention, once it is safe.
 			PersistentVolumeClaimRetentionPolicy: &appsv1.StatefulSetPersistentVolumeClaimRetentionPolicy{
@@ -257,19 +213,7 @@ func (r *ReplicaGroupReconciler) desiredStatefulSet(rg *shardkvv1.ReplicaGroup, 
 
 // desiredService is the group's headless Service (pod DNS names).
 func desiredService(rg *shardkvv1.ReplicaGroup) *corev1.Service {
-	return &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: rg.Name, Namespace: rg.Namespace, Labels: groupLabels(rg)},
-		Spec: corev1.ServiceSpec{
-			ClusterIP:                corev1.ClusterIPNone,
-			PublishNotReadyAddresses: true,
-			Selector:                 groupSelectorLabels(rg),
-			Ports: []corev1.ServicePort{
-				{Name: "grpc", Port: GRPCPort, TargetPort: intstr.FromString("grpc"), Protocol: corev1.ProtocolTCP},
-				{Name: "resp", Port: RESPPort, TargetPort: intstr.FromString("resp"), Protocol: corev1.ProtocolTCP},
-				{Name: "http", Port: HTTPPort, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP},
-			},
-		},
-	}
+	return headlessService(rg.Name, rg.Namespace, groupLabels(rg), groupSelectorLabels(rg), "grpc", "resp", "http")
 }
 
 // pdbMinAvailable keeps a quorum of voters through voluntary disruptions:
@@ -285,13 +229,7 @@ func pdbMinAvailable(pods, voters int) int {
 
 // desiredPDB is the group's PodDisruptionBudget.
 func desiredPDB(rg *shardkvv1.ReplicaGroup, minAvailable int) *policyv1.PodDisruptionBudget {
-	return &policyv1.PodDisruptionBudget{
-		ObjectMeta: metav1.ObjectMeta{Name: rg.Name, Namespace: rg.Namespace, Labels: groupLabels(rg)},
-		Spec: policyv1.PodDisruptionBudgetSpec{
-			MinAvailable: ptr.To(intstr.FromInt32(int32(minAvailable))),
-			Selector:     &metav1.LabelSelector{MatchLabels: groupSelectorLabels(rg)},
-		},
-	}
+	return podDisruptionBudget(rg.Name, rg.Namespace, groupLabels(rg), groupSelectorLabels(rg), int32(minAvailable))
 }
 
 // groupEnv is the node container's environment: its pod name, and the
@@ -303,4 +241,84 @@ func groupEnv(rg *shardkvv1.ReplicaGroup) []corev1.EnvVar {
 		env = append(env, corev1.EnvVar{Name: "SHARDKV_REQUIREPASS", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: sel.DeepCopy()}})
 	}
 	return env
+}
+
+func (r *ReplicaGroupReconciler) ensureService(ctx context.Context, rg *shardkvv1.ReplicaGroup) error {
+	want := desiredService(rg)
+	have := &corev1.Service{}
+	err := r.Get(ctx, client.ObjectKeyFromObject(want), have)
+	if apierrors.IsNotFound(err) {
+		return client.IgnoreAlreadyExists(createOwned(ctx, r.Client, r.Scheme, rg, want))
+	}
+	if err != nil {
+		return err
+	}
+	if equality.Semantic.DeepEqual(have.Spec.Ports, want.Spec.Ports) &&
+		equality.Semantic.DeepEqual(have.Spec.Selector, want.Spec.Selector) &&
+		have.Spec.PublishNotReadyAddresses && equality.Semantic.DeepEqual(have.Labels, want.Labels) {
+		return nil
+	}
+	have.Spec.Ports, have.Spec.Selector, have.Spec.PublishNotReadyAddresses = want.Spec.Ports, want.Spec.Selector, true
+	have.Labels = want.Labels
+	return ignoreConflict(r.Update(ctx, have))
+}
+
+// ensureStatefulSet creates the StatefulSet (with the bootstrap size) or
+// updates its pod template when the spec changed. Replicas are the
+// planner's business.
+func (r *ReplicaGroupReconciler) ensureStatefulSet(ctx context.Context, rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap) (*appsv1.StatefulSet, error) {
+	have := &appsv1.StatefulSet{}
+	err := r.Get(ctx, client.ObjectKeyFromObject(rg), have)
+	if apierrors.IsNotFound(err) {
+		// First creation: the bootstrap members. Recreated (someone
+		// deleted it): as many pods as the members recorded need.
+		replicas := bootstrapReplicas(rg)
+		for _, m := range rg.Status.Members {
+			if ord := podOrdinal(rg.Name, m.Pod); ord >= 0 && int32(ord+1) > replicas {
+				replicas = int32(ord + 1)
+			}
+		}
+		want := r.desiredStatefulSet(rg, sm, replicas)
+		if err := createOwned(ctx, r.Client, r.Scheme, rg, want); err != nil {
+			return nil, err // AlreadyExists: the cache is behind; retry
+		}
+		r.Recorder.Eventf(rg, nil, corev1.EventTypeNormal, "CreateStatefulSet", "CreateStatefulSet",
+			"created StatefulSet %s with %d bootstrap replicas (group %d)", want.Name, replicas, rg.Status.GroupID)
+		return want, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	want := r.desiredStatefulSet(rg, sm, 0)
+	hash := want.Annotations[annotationTemplateHash]
+	if have.Annotations[annotationTemplateHash] == hash {
+		return have, nil
+	}
+	setAnnotation(have, annotationTemplateHash, hash)
+	have.Spec.Template = want.Spec.Template
+	have.Labels = want.Labels
+	if err := r.Update(ctx, have); err != nil {
+		return nil, err
+	}
+	r.Recorder.Eventf(rg, nil, corev1.EventTypeNormal, "UpdateStatefulSet", "UpdateStatefulSet",
+		"updated the pod template of StatefulSet %s; pods are restarted one at a time, the leader last", have.Name)
+	return have, nil
+}
+
+func (r *ReplicaGroupReconciler) ensurePDB(ctx context.Context, rg *shardkvv1.ReplicaGroup, minAvailable int) error {
+	want := desiredPDB(rg, minAvailable)
+	have := &policyv1.PodDisruptionBudget{}
+	err := r.Get(ctx, client.ObjectKeyFromObject(want), have)
+	if apierrors.IsNotFound(err) {
+		return client.IgnoreAlreadyExists(createOwned(ctx, r.Client, r.Scheme, rg, want))
+	}
+	if err != nil {
+		return err
+	}
+	if equality.Semantic.DeepEqual(have.Spec.MinAvailable, want.Spec.MinAvailable) &&
+		equality.Semantic.DeepEqual(have.Spec.Selector, want.Spec.Selector) {
+		return nil
+	}
+	have.Spec.MinAvailable, have.Spec.Selector = want.Spec.MinAvailable, want.Spec.Selector
+	return ignoreConflict(r.Update(ctx, have))
 }

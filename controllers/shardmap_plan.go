@@ -1,0 +1,337 @@
+package controllers
+
+// The ShardMap planner: a pure function from one observation of a cluster
+// (its spec, the controller group's objects and pods, the controller's
+// view and the ReplicaGroups) to the one next change, the first thing the
+// pass waits on, and what of the spec cannot be applied. The reconciler
+// observes, asks planShardMap, executes the step and records the status,
+// as the ReplicaGroup reconciler does with nextStep (replicagroup_plan.go).
+// Nothing is remembered between passes but what the observation shows.
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+)
+
+// stsRevisionLabel is the StatefulSet controller's pod revision label.
+const stsRevisionLabel = appsv1.StatefulSetRevisionLabel
+
+// smObserved is everything a pass knows about one ShardMap.
+type smObserved struct {
+	Name, Namespace string
+	Paused          bool
+	Moves           []shardkvv1.ShardMove
+	// Replicas is spec.controller.replicas; Bootstrap the size the
+	// controller group was created with (its --peers), which it keeps.
+	Replicas, Bootstrap int32
+	Storage             shardkvv1.StorageSpec
+
+	// Sts, Svc and PDB are the controller group's objects (nil: none, or
+	// one this ShardMap does not own: then its *Conflict is set).
+	Sts                                   *appsv1.StatefulSet
+	Svc                                   *corev1.Service
+	PDB                                   *policyv1.PodDisruptionBudget
+	StsConflict, SvcConflict, PDBConflict bool
+	// WantSts, WantSvc and WantPDB are the objects the spec asks for.
+	WantSts *appsv1.StatefulSet
+	WantSvc *corev1.Service
+	WantPDB *policyv1.PodDisruptionBudget
+	// Pods are the controller pods by ordinal (Revision: stsRevisionLabel).
+	Pods map[int]*podView
+
+	// Cluster is the controller's view (nil: not reached; ClusterErr says
+	// why). Prev is the config before the latest, fetched only while some
+	// group has not reached the latest: the owners its shards move from.
+	Cluster    *shardkvpb.ClusterStatus
+	ClusterErr error
+	Prev       *shardkvpb.Config
+	// Groups are this ShardMap's ReplicaGroups by name.
+	Groups map[string]*shardkvv1.ReplicaGroup
+}
+
+// readyReplicas are the ready controller pods, as the StatefulSet counts.
+func (o *smObserved) readyReplicas() int32 {
+	if o.Sts == nil {
+		return 0
+	}
+	return o.Sts.Status.ReadyReplicas
+}
+
+// quorum is a majority of the controller group.
+func (o *smObserved) quorum() int32 { return o.Bootstrap/2 + 1 }
+
+// leaderOrdinal is the ordinal of the controller leader's pod (-1: not
+// known).
+func (o *smObserved) leaderOrdinal() int {
+	if host, _, ok := strings.Cut(o.Cluster.GetController().GetAddr(), "."); ok {
+		return podOrdinal(CtrlerName(o.Name), host)
+	}
+	return -1
+}
+
+// smStepKind is the one change a pass makes. The object kinds are also the
+// actions of their Events.
+type smStepKind string
+
+const (
+	smStepNone              smStepKind = ""
+	smStepCreateStatefulSet smStepKind = "CreateStatefulSet"
+	smStepUpdateStatefulSet smStepKind = "UpdateStatefulSet"
+	smStepCreateService     smStepKind = "CreateService"
+	smStepUpdateService     smStepKind = "UpdateService"
+	smStepCreatePDB         smStepKind = "CreatePodDisruptionBudget"
+	smStepUpdatePDB         smStepKind = "UpdatePodDisruptionBudget"
+	smStepDeletePod         smStepKind = "DeletePod" // Ordinal: roll it
+	smStepMove              smStepKind = "Move"      // Shard to GID (Group)
+	smStepUnpin             smStepKind = "Unpin"     // Shard (pinned to GID)
+)
+
+// smStep is one change.
+type smStep struct {
+	Kind smStepKind
+	// DeletePod: the pod, whether it runs the controller's leader, and
+	// how many pods are left to roll (it included).
+	Ordinal  int
+	Leader   bool
+	Outdated int
+	// Move, Unpin: the shard and its (new or dropped) owner.
+	Shard int
+	GID   uint64
+	Group string
+}
+
+func (s smStep) String() string {
+	switch s.Kind {
+	case smStepNone:
+		return "None"
+	case smStepDeletePod:
+		return fmt.Sprintf("%s(%d)", s.Kind, s.Ordinal)
+	case smStepMove:
+		return fmt.Sprintf("%s(%d,%d)", s.Kind, s.Shard, s.GID)
+	case smStepUnpin:
+		return fmt.Sprintf("%s(%d)", s.Kind, s.Shard)
+	}
+	return string(s.Kind)
+}
+
+// smCondition is the status, reason and message of a condition.
+type smCondition struct {
+	Status  metav1.ConditionStatus
+	Reason  string
+	Message string
+}
+
+// smPlan is the planner's answer.
+type smPlan struct {
+	// Step is the one change of the pass (Kind smStepNone: none).
+	Step smStep
+	// Wait is the first thing the pass waits on (Reason "": nothing): the
+	// Progressing condition, ahead of the step's own. A wait holds back
+	// its own part only: pods wait to roll while spec.moves go on.
+	Wait smCondition
+	// Degraded is a spec change that cannot be applied, or an object of
+	// the controller group's name this ShardMap does not own (Reason "":
+	// none).
+	Degraded smCondition
+}
+
+func (pl *smPlan) wait(reason, format string, args ...any) {
+	if pl.Wait.Reason == "" {
+		pl.Wait = smCondition{metav1.ConditionTrue, reason, fmt.Sprintf(format, args...)}
+	}
+}
+
+func (pl *smPlan) degraded(reason, format string, args ...any) {
+	pl.Degraded = smCondition{metav1.ConditionTrue, reason, fmt.Sprintf(format, args...)}
+}
+
+// planShardMap is the planner. Its order: the controller group's objects
+// (StatefulSet, Service, PodDisruptionBudget), then rolling its pods, then
+// spec.moves; the first change found is the step.
+func planShardMap(o *smObserved) smPlan {
+	var pl smPlan
+	name := CtrlerName(o.Name)
+	if o.StsConflict {
+		pl.degraded(ReasonConflict, "StatefulSet %s exists and is not owned by this ShardMap", name)
+	} else if o.Bootstrap != o.Replicas {
+		pl.degraded(ReasonResizeUnsupported,
+			"spec.controller.replicas is %d but the controller group was created with %d; resizing the controller group is not supported yet, it keeps %d",
+			o.Replicas, o.Bootstrap, o.Bootstrap)
+	}
+	if o.Paused {
+		pl.Wait = smCondition{metav1.ConditionFalse, ReasonPaused,
+			"spec.paused is set: the operator changes nothing of this cluster (status is still updated)"}
+		return pl
+	}
+	if !o.StsConflict {
+		if kind := planObjects(o, &pl); kind != smStepNone {
+			pl.Step = smStep{Kind: kind}
+			return pl
+		}
+	}
+	if st, ok := planRoll(o, &pl); ok {
+		pl.Step = st
+		return pl
+	}
+	pl.Step = planMoveStep(o, &pl)
+	return pl
+}
+
+// planObjects is the first of the controller group's objects to create or
+// update, and what of them cannot be applied.
+func planObjects(o *smObserved, pl *smPlan) smStepKind {
+	name := CtrlerName(o.Name)
+	if o.Sts == nil {
+		return smStepCreateStatefulSet
+	}
+	if vct := o.Sts.Spec.VolumeClaimTemplates; len(vct) == 1 && pl.Degraded.Reason == "" {
+		have, wantClass := vct[0].Spec.Resources.Requests[corev1.ResourceStorage], o.Storage.StorageClassName
+		if size := storageSize(o.Storage); have.Cmp(size) != 0 ||
+			wantClass != nil && (vct[0].Spec.StorageClassName == nil || *vct[0].Spec.StorageClassName != *wantClass) {
+			pl.degraded(ReasonStorageImmutable,
+				"spec.controller.storage (%s) differs from the volumes the controller group was created with (%s), which cannot change",
+				size.String(), have.String())
+		}
+	}
+	if o.Sts.Annotations[annotationSpecHash] != o.WantSts.Annotations[annotationSpecHash] {
+		return smStepUpdateStatefulSet
+	}
+	switch {
+	case o.SvcConflict:
+		pl.degraded(ReasonConflict, "Service %s exists and is not owned by this ShardMap", name)
+	case o.Svc == nil:
+		return smStepCreateService
+	case o.Svc.Annotations[annotationSpecHash] != o.WantSvc.Annotations[annotationSpecHash]:
+		return smStepUpdateService
+	}
+	switch {
+	case o.PDBConflict:
+		pl.degraded(ReasonConflict, "PodDisruptionBudget %s exists and is not owned by this ShardMap", name)
+	case o.PDB == nil:
+		return smStepCreatePDB
+	case o.PDB.Annotations[annotationSpecHash] != o.WantPDB.Annotations[annotationSpecHash]:
+		return smStepUpdatePDB
+	}
+	return smStepNone
+}
+
+// planRoll deletes one controller pod whose revision is not the
+// StatefulSet's update revision (OnDelete strategy) when every pod is
+// ready and the controller answers with a leader, in nextRollout's order
+// (a leader hands off on SIGTERM, so it needs no transfer first).
+func planRoll(o *smObserved, pl *smPlan) (smStep, bool) {
+	sts := o.Sts
+	if sts == nil || sts.Status.UpdateRevision == "" {
+		return smStep{}, false
+	}
+	rev := sts.Status.UpdateRevision
+	roll := nextRollout(int(o.Bootstrap), func(i int) bool {
+		p, ok := o.Pods[i]
+		return ok && p.Revision != rev
+	}, o.leaderOrdinal())
+	if roll.Outdated == 0 {
+		return smStep{}, false
+	}
+	wait := func(format string, args ...any) (smStep, bool) {
+		pl.wait(ReasonWaitingToRoll, "%d controller pods to update; "+format, append([]any{roll.Outdated}, args...)...)
+		return smStep{}, false
+	}
+	switch {
+	case sts.Status.ObservedGeneration < sts.Generation:
+		return wait("waiting for the StatefulSet controller to see the new template")
+	case sts.Status.ReadyReplicas < o.Bootstrap || len(o.Pods) < int(o.Bootstrap):
+		return wait("waiting for all %d pods to be ready (%d are)", o.Bootstrap, sts.Status.ReadyReplicas)
+	case o.Cluster == nil:
+		return wait("waiting for the controller to answer: %v", o.ClusterErr)
+	}
+	for _, ord := range slices.Sorted(maps.Keys(o.Pods)) {
+		if p := o.Pods[ord]; p.Deleting || !p.Ready {
+			return wait("waiting for pod %s to be ready", p.Name)
+		}
+	}
+	return smStep{Kind: smStepDeletePod, Ordinal: roll.Next, Leader: roll.Leader, Outdated: roll.Outdated}, true
+}
+
+// planMoveStep is the next spec.moves call, if the controller answers.
+func planMoveStep(o *smObserved, pl *smPlan) smStep {
+	if o.Cluster == nil {
+		if len(o.Moves) > 0 {
+			pl.wait(ReasonWaitingForMoves, "spec.moves wait for the controller: %v", o.ClusterErr)
+		}
+		return smStep{}
+	}
+	mv, waits := planMoves(o.Moves, o.Cluster.Latest, o.Groups)
+	if mv == nil {
+		if len(waits) > 0 {
+			pl.wait(ReasonWaitingForMoves, "%s", strings.Join(waits, "; "))
+		}
+		return smStep{}
+	}
+	if mv.unpin {
+		return smStep{Kind: smStepUnpin, Shard: mv.shard, GID: mv.gid}
+	}
+	return smStep{Kind: smStepMove, Shard: mv.shard, GID: mv.gid, Group: mv.group}
+}
+
+// moveStep is one Move or Unpin.
+type moveStep struct {
+	unpin bool
+	shard int
+	gid   uint64
+	group string
+}
+
+// planMoves compares spec.moves with the config's pins: the first pin to
+// set (Move) or to drop (Unpin), and why other pins wait.
+func planMoves(moves []shardkvv1.ShardMove, cfg *shardkvpb.Config, groups map[string]*shardkvv1.ReplicaGroup) (*moveStep, []string) {
+	pins := map[uint32]uint64{}
+	for _, pin := range cfg.GetPins() {
+		pins[pin.Shard] = pin.Gid
+	}
+	inConfig := map[uint64]bool{}
+	for _, g := range cfg.GetGroups() {
+		inConfig[g.Gid] = true
+	}
+	want := slices.Clone(moves)
+	slices.SortFunc(want, func(a, b shardkvv1.ShardMove) int { return int(a.Shard) - int(b.Shard) })
+	wanted := map[uint32]bool{}
+	var waits []string
+	var step *moveStep
+	for _, m := range want {
+		wanted[uint32(m.Shard)] = true
+		rg := groups[m.Group]
+		switch {
+		case int(m.Shard) >= len(cfg.GetShards()):
+			waits = append(waits, fmt.Sprintf("shard %d is out of range (%d shards)", m.Shard, len(cfg.GetShards())))
+		case rg == nil:
+			waits = append(waits, fmt.Sprintf("shard %d: ReplicaGroup %s of this ShardMap does not exist", m.Shard, m.Group))
+		case rg.Status.GroupID == 0:
+			waits = append(waits, fmt.Sprintf("shard %d: ReplicaGroup %s has no group id yet", m.Shard, m.Group))
+		case !rg.DeletionTimestamp.IsZero():
+			waits = append(waits, fmt.Sprintf("shard %d: ReplicaGroup %s is being deleted", m.Shard, m.Group))
+		case !inConfig[uint64(rg.Status.GroupID)]:
+			waits = append(waits, fmt.Sprintf("shard %d: ReplicaGroup %s (gid %d) has not joined yet", m.Shard, m.Group, rg.Status.GroupID))
+		case pins[uint32(m.Shard)] != uint64(rg.Status.GroupID) && step == nil:
+			step = &moveStep{shard: int(m.Shard), gid: uint64(rg.Status.GroupID), group: m.Group}
+		}
+	}
+	if step == nil {
+		for _, pin := range cfg.GetPins() {
+			if !wanted[pin.Shard] {
+				step = &moveStep{unpin: true, shard: int(pin.Shard), gid: pin.Gid}
+				break
+			}
+		}
+	}
+	return step, waits
+}
