@@ -3,7 +3,6 @@ package ctrler
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"slices"
@@ -74,72 +73,8 @@ func (s *Server) Stop() {
 	s.wg.Wait()
 }
 
-func (s *Server) background() {
-	defer s.wg.Done()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	lastCompact := time.Now()
-	for {
-		select {
-		case <-s.stopc:
-			return
-		case <-tick.C:
-		}
-		if !s.r.IsLeader() {
-			continue
-		}
-		if !s.sm.Initialized() {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_, err := s.propose(ctx, &Command{Op: OpInit, Shards: s.cfg.Shards, Placement: s.cfg.Placement})
-			cancel()
-			if err != nil {
-				s.log.Warn("initialising the cluster", "err", err)
-			}
-			continue
-		}
-		if time.Since(lastCompact) >= s.cfg.CompactEvery {
-			lastCompact = time.Now()
-			s.maybeCompact()
-		}
-	}
-}
-
-// maybeCompact drops configs below the lowest one any group still needs.
-// Groups step one config at a time, so a group that reported having applied
-// config n needs nothing older. Every group present in any kept config must
-// have reported, or nothing is dropped.
-func (s *Server) maybeCompact() {
-	oldest, latest := s.sm.Bounds()
-	need := latest
-	s.mu.Lock()
-	reports := make(map[uint64]uint64, len(s.reports))
-	for gid, rp := range s.reports {
-		reports[gid] = rp.r.ConfigNum
-	}
-	s.mu.Unlock()
-	for n := oldest; n <= latest; n++ {
-		c, err := s.sm.Config(int64(n))
-		if err != nil {
-			return
-		}
-		for _, g := range c.Groups {
-			got, ok := reports[g.Gid]
-			if !ok {
-				return
-			}
-			need = min(need, got)
-		}
-	}
-	// Always propose: the same command also expires idle client sessions.
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if _, err := s.propose(ctx, &Command{Op: OpCompact, Below: need}); err != nil {
-		s.log.Debug("compaction proposal failed", "err", err)
-	}
-}
-
-func (s *Server) propose(ctx context.Context, cmd *Command) (*shardkvpb.Config, error) {
-	b, err := json.Marshal(cmd)
+func (s *Server) propose(ctx context.Context, cmd *shardkvpb.ControllerCommand) (*shardkvpb.Config, error) {
+	b, err := encodeCommand(cmd)
 	if err != nil {
 		return nil, err
 	}
@@ -169,7 +104,7 @@ func grpcErr(err error) error {
 	return raftgroup.GRPCError(err)
 }
 
-func (s *Server) mutate(ctx context.Context, cmd *Command) (*shardkvpb.ConfigReply, error) {
+func (s *Server) mutate(ctx context.Context, cmd *shardkvpb.ControllerCommand) (*shardkvpb.ConfigReply, error) {
 	c, err := s.propose(ctx, cmd)
 	if err != nil {
 		return nil, grpcErr(err)
@@ -178,19 +113,19 @@ func (s *Server) mutate(ctx context.Context, cmd *Command) (*shardkvpb.ConfigRep
 }
 
 func (s *Server) Join(ctx context.Context, req *shardkvpb.JoinRequest) (*shardkvpb.ConfigReply, error) {
-	return s.mutate(ctx, &Command{Op: OpJoin, ClientID: req.ClientId, Seq: req.Seq, Groups: req.Groups})
+	return s.mutate(ctx, &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Join{Join: req}})
 }
 
 func (s *Server) Leave(ctx context.Context, req *shardkvpb.LeaveRequest) (*shardkvpb.ConfigReply, error) {
-	return s.mutate(ctx, &Command{Op: OpLeave, ClientID: req.ClientId, Seq: req.Seq, GIDs: req.Gids})
+	return s.mutate(ctx, &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Leave{Leave: req}})
 }
 
 func (s *Server) Move(ctx context.Context, req *shardkvpb.MoveRequest) (*shardkvpb.ConfigReply, error) {
-	return s.mutate(ctx, &Command{Op: OpMove, ClientID: req.ClientId, Seq: req.Seq, Shard: int(req.Shard), GID: req.Gid})
+	return s.mutate(ctx, &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Move{Move: req}})
 }
 
 func (s *Server) Unpin(ctx context.Context, req *shardkvpb.UnpinRequest) (*shardkvpb.ConfigReply, error) {
-	return s.mutate(ctx, &Command{Op: OpUnpin, ClientID: req.ClientId, Seq: req.Seq, Shard: int(req.Shard)})
+	return s.mutate(ctx, &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Unpin{Unpin: req}})
 }
 
 func (s *Server) Query(ctx context.Context, req *shardkvpb.QueryRequest) (*shardkvpb.Config, error) {

@@ -17,7 +17,9 @@
 //   - Snapshot() returns a point-in-time view (a badger read transaction)
 //     that streams itself; Restore(r) clears the state and streams it back in.
 //     A state machine whose state is a few key prefixes, with its applied
-//     index under one key, can use PrefixSnapshot and RestorePrefixes.
+//     index under one key, gets Open, Snapshot and Restore from a
+//     PrefixStore (built on PrefixSnapshot and RestorePrefixes) and reads
+//     its records with GetValue, GetProto and LoadApplied.
 //
 // Then open a replica and serve it:
 //

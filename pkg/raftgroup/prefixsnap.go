@@ -3,17 +3,16 @@ package raftgroup
 import (
 	"bufio"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 
 	"github.com/dgraph-io/badger/v4"
 )
 
-// Helpers for state machines that keep all their state in the replica's
-// badger DB under a few key prefixes, with their applied index stored as an
-// 8-byte big-endian value under one key: they can snapshot and restore by
-// prefix instead of writing their own stream format.
+// Snapshots of state machines that keep all their state in the replica's
+// badger DB under a few key prefixes, with their applied index stored under
+// one key (see LoadApplied): they snapshot and restore by prefix instead of
+// writing their own stream format. PrefixStore wraps these for them.
 
 // maxSnapshotRecord bounds one key or value in a snapshot stream, so a
 // corrupt stream fails instead of allocating without limit.
@@ -30,27 +29,6 @@ func PrefixSnapshot(db *badger.DB, appliedKey []byte, prefixes ...[]byte) (Snaps
 		return nil, err
 	}
 	return &prefixSnap{txn: txn, index: idx, prefixes: prefixes}, nil
-}
-
-// LoadApplied reads an applied index stored as 8 big-endian bytes under key;
-// 0 if the key is absent (nothing applied yet).
-func LoadApplied(txn *badger.Txn, key []byte) (uint64, error) {
-	item, err := txn.Get(key)
-	if errors.Is(err, badger.ErrKeyNotFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	var idx uint64
-	err = item.Value(func(v []byte) error {
-		if len(v) != 8 {
-			return fmt.Errorf("applied index under %q has %d bytes", key, len(v))
-		}
-		idx = binary.BigEndian.Uint64(v)
-		return nil
-	})
-	return idx, err
 }
 
 type prefixSnap struct {

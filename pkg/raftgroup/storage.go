@@ -2,7 +2,6 @@ package raftgroup
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -96,15 +95,10 @@ func emptySnapshot() *pb.Snapshot {
 	return &pb.Snapshot{Metadata: &pb.SnapshotMetadata{ConfState: &pb.ConfState{}, Index: proto.Uint64(0), Term: proto.Uint64(0)}}
 }
 
+// getProto is GetProto for the engine's keys, where absent means "zero".
 func getProto(txn *badger.Txn, key []byte, m proto.Message) error {
-	item, err := txn.Get(key)
-	if errors.Is(err, badger.ErrKeyNotFound) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return item.Value(func(v []byte) error { return proto.Unmarshal(v, m) })
+	_, err := GetProto(txn, key, m)
+	return err
 }
 
 func mustMarshal(m proto.Message) []byte {

@@ -9,7 +9,7 @@ import (
 // replicas' whole state.
 func (kv *KV) Dump() (map[string]string, error) {
 	out := map[string]string{}
-	err := kv.db.View(func(txn *badger.Txn) error {
+	err := kv.store.DB().View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: kvPrefix, PrefetchValues: true})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {

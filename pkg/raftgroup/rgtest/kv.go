@@ -19,7 +19,7 @@ import (
 // Get after Replica.ReadIndex. Append returns the value before appending, so
 // tests can check exactly-once effects.
 type KV struct {
-	db *badger.DB
+	store *raftgroup.PrefixStore
 }
 
 var (
@@ -57,17 +57,12 @@ func decode(cmd []byte) (op byte, key, val string, err error) {
 }
 
 func (kv *KV) Open(db *badger.DB) (uint64, error) {
-	kv.db = db
-	var applied uint64
-	err := db.View(func(txn *badger.Txn) (err error) {
-		applied, err = raftgroup.LoadApplied(txn, keyApplied)
-		return err
-	})
-	return applied, err
+	kv.store = raftgroup.NewPrefixStore(keyApplied, [][]byte{kvPrefix, keyApplied}, nil)
+	return kv.store.Open(db)
 }
 
 func (kv *KV) Apply(ents []raftgroup.Entry) error {
-	txn := kv.db.NewTransaction(true)
+	txn := kv.store.DB().NewTransaction(true)
 	defer txn.Discard()
 	for i := range ents {
 		e := &ents[i]
@@ -98,23 +93,14 @@ func (kv *KV) Apply(ents []raftgroup.Entry) error {
 		}
 		e.Result = old
 	}
-	var idx [8]byte
-	binary.BigEndian.PutUint64(idx[:], ents[len(ents)-1].Index)
-	if err := txn.Set(keyApplied, idx[:]); err != nil {
+	if err := raftgroup.StoreApplied(txn, keyApplied, ents[len(ents)-1].Index); err != nil {
 		return err
 	}
 	return txn.Commit()
 }
 
 func get(txn *badger.Txn, k []byte) (string, error) {
-	item, err := txn.Get(k)
-	if errors.Is(err, badger.ErrKeyNotFound) {
-		return "", nil
-	}
-	if err != nil {
-		return "", err
-	}
-	v, err := item.ValueCopy(nil)
+	v, err := raftgroup.GetValue(txn, k)
 	return string(v), err
 }
 
@@ -122,7 +108,7 @@ func get(txn *badger.Txn, k []byte) (string, error) {
 // linearizable read.
 func (kv *KV) Get(key string) (string, error) {
 	var v string
-	err := kv.db.View(func(txn *badger.Txn) error {
+	err := kv.store.DB().View(func(txn *badger.Txn) error {
 		var err error
 		v, err = get(txn, append(append([]byte{}, kvPrefix...), key...))
 		return err
@@ -133,7 +119,7 @@ func (kv *KV) Get(key string) (string, error) {
 // Len counts the keys held.
 func (kv *KV) Len() (int, error) {
 	n := 0
-	err := kv.db.View(func(txn *badger.Txn) error {
+	err := kv.store.DB().View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: kvPrefix})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
@@ -144,13 +130,6 @@ func (kv *KV) Len() (int, error) {
 	return n, err
 }
 
-func (kv *KV) Snapshot() (raftgroup.Snapshot, error) {
-	return raftgroup.PrefixSnapshot(kv.db, keyApplied, kvPrefix, keyApplied)
-}
+func (kv *KV) Snapshot() (raftgroup.Snapshot, error) { return kv.store.Snapshot() }
 
-func (kv *KV) Restore(r io.Reader) (uint64, error) {
-	if err := raftgroup.RestorePrefixes(kv.db, r, kvPrefix, keyApplied); err != nil {
-		return 0, err
-	}
-	return kv.Open(kv.db)
-}
+func (kv *KV) Restore(r io.Reader) (uint64, error) { return kv.store.Restore(r) }

@@ -1,0 +1,227 @@
+package ctrler
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/ctrler/placement"
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/routing"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Result is what applying a command returns to its proposer.
+type Result struct {
+	Config *shardkvpb.Config
+	Err    error // a refusal (bad input); the config is unchanged
+}
+
+// session is a client's dedup entry: its last sequence number and outcome.
+type session struct {
+	Seq    uint64 `json:"seq"`
+	Num    uint64 `json:"num"`
+	Err    string `json:"err,omitempty"`
+	TimeNS int64  `json:"t"`
+}
+
+type initMeta struct {
+	Shards    int    `json:"shards"`
+	Placement string `json:"placement"`
+}
+
+// Apply applies controller commands. Every replica computes the same
+// configs: placement is deterministic and nothing iterates a Go map.
+func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
+	txn := sm.store.DB().NewTransaction(true)
+	defer txn.Discard()
+	made := false
+	for i := range ents {
+		e := &ents[i]
+		if e.Cmd == nil {
+			continue
+		}
+		cmd, err := decodeCommand(e.Cmd)
+		if err != nil {
+			e.Result = Result{Err: refuse("undecodable command: %v", err)}
+			continue
+		}
+		res, newConf, err := sm.applyOne(txn, cmd, e.Time)
+		if err != nil {
+			return err // storage failure: fatal
+		}
+		made = made || newConf
+		e.Result = res
+	}
+	if err := raftgroup.StoreApplied(txn, keyApplied, ents[len(ents)-1].Index); err != nil {
+		return err
+	}
+	if err := txn.Commit(); err != nil {
+		return err
+	}
+	if made {
+		sm.notify()
+	}
+	return nil
+}
+
+func (sm *StateMachine) applyOne(txn *badger.Txn, cmd *shardkvpb.ControllerCommand, now time.Time) (Result, bool, error) {
+	if initOp := cmd.GetInit(); initOp != nil {
+		return sm.applyInit(txn, initOp)
+	}
+	sm.mu.Lock()
+	inited, nshards, strategy := sm.inited, sm.nshards, sm.strategy
+	sm.mu.Unlock()
+	if !inited {
+		return Result{Err: ErrNotInitialized}, false, nil
+	}
+	if compact := cmd.GetCompact(); compact != nil {
+		return Result{}, false, sm.applyCompact(txn, compact.GetBelow(), now)
+	}
+	// Exactly once: a retried request gets the first outcome back.
+	var client, seq uint64
+	if req := request(cmd); req != nil {
+		client, seq = req.GetClientId(), req.GetSeq()
+	}
+	var sess session
+	if client != 0 {
+		v, err := raftgroup.GetValue(txn, dedupKey(client))
+		if err != nil {
+			return Result{}, false, err
+		}
+		if v != nil {
+			if err := json.Unmarshal(v, &sess); err != nil {
+				return Result{}, false, err
+			}
+			if seq <= sess.Seq {
+				if seq < sess.Seq {
+					return Result{Err: refuse("request %d of client %x is older than its latest (%d)", seq, client, sess.Seq)}, false, nil
+				}
+				c, err := getConfig(txn, sess.Num)
+				if err != nil {
+					return Result{}, false, err
+				}
+				res := Result{Config: c}
+				if sess.Err != "" {
+					res.Err = &InputError{sess.Err}
+				}
+				return res, false, nil
+			}
+		}
+	}
+	latest, err := getConfig(txn, sm.latestNum())
+	if err != nil {
+		return Result{}, false, err
+	}
+	next, refusal := nextConfig(latest, nshards, strategy, cmd)
+	res := Result{Config: latest, Err: refusal}
+	made := false
+	if refusal == nil && next != nil {
+		if err := sm.storeConfig(txn, next); err != nil {
+			return Result{}, false, err
+		}
+		res.Config, made = next, true
+	}
+	if client != 0 {
+		sess = session{Seq: seq, Num: res.Config.GetNum(), TimeNS: now.UnixNano()}
+		if refusal != nil {
+			sess.Err = refusal.Error()
+		}
+		b, _ := json.Marshal(sess)
+		if err := txn.Set(dedupKey(client), b); err != nil {
+			return Result{}, false, err
+		}
+	}
+	return res, made, nil
+}
+
+func (sm *StateMachine) applyInit(txn *badger.Txn, cmd *shardkvpb.ControllerInit) (Result, bool, error) {
+	sm.mu.Lock()
+	inited := sm.inited
+	sm.mu.Unlock()
+	if inited {
+		c, err := getConfig(txn, sm.latestNum())
+		return Result{Config: c}, false, err
+	}
+	shards := int(cmd.GetShards())
+	if err := routing.ValidateShards(shards); err != nil {
+		return Result{Err: refuse("%v", err)}, false, nil
+	}
+	st, err := placement.Parse(cmd.GetPlacement())
+	if err != nil {
+		return Result{Err: refuse("%v", err)}, false, nil
+	}
+	meta, _ := json.Marshal(initMeta{Shards: shards, Placement: string(st)})
+	if err := txn.Set(keyInit, meta); err != nil {
+		return Result{}, false, err
+	}
+	c0 := &shardkvpb.Config{Num: 0, Shards: make([]uint64, shards), Placement: string(st)}
+	if err := txn.Set(keyOldest, u64(0)); err != nil {
+		return Result{}, false, err
+	}
+	sm.mu.Lock()
+	sm.nshards, sm.strategy, sm.inited = shards, st, true
+	sm.mu.Unlock()
+	if err := sm.storeConfig(txn, c0); err != nil {
+		return Result{}, false, err
+	}
+	return Result{Config: c0}, true, nil
+}
+
+func (sm *StateMachine) storeConfig(txn *badger.Txn, c *shardkvpb.Config) error {
+	b, err := proto.Marshal(c)
+	if err != nil {
+		return err
+	}
+	if err := txn.Set(confKey(c.Num), b); err != nil {
+		return err
+	}
+	if err := txn.Set(keyLatest, u64(c.Num)); err != nil {
+		return err
+	}
+	sm.mu.Lock()
+	sm.latest = c.Num
+	sm.mu.Unlock()
+	return nil
+}
+
+// applyCompact drops configs below `below` (never the latest) and sessions
+// idle for longer than SessionTTL.
+func (sm *StateMachine) applyCompact(txn *badger.Txn, below uint64, now time.Time) error {
+	sm.mu.Lock()
+	oldest, latest := sm.oldest, sm.latest
+	sm.mu.Unlock()
+	below = min(below, latest)
+	for n := oldest; n < below; n++ {
+		if err := txn.Delete(confKey(n)); err != nil {
+			return err
+		}
+	}
+	if below > oldest {
+		if err := txn.Set(keyOldest, u64(below)); err != nil {
+			return err
+		}
+		sm.mu.Lock()
+		sm.oldest = below
+		sm.mu.Unlock()
+	}
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefixDedup, PrefetchValues: true})
+	defer it.Close()
+	var expired [][]byte
+	for it.Rewind(); it.Valid(); it.Next() {
+		var s session
+		if err := it.Item().Value(func(v []byte) error { return json.Unmarshal(v, &s) }); err != nil {
+			return err
+		}
+		if now.Sub(time.Unix(0, s.TimeNS)) > SessionTTL {
+			expired = append(expired, it.Item().KeyCopy(nil))
+		}
+	}
+	for _, k := range expired {
+		if err := txn.Delete(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
