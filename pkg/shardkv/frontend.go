@@ -28,11 +28,11 @@ func (g *Group) ReadKeys(ctx context.Context, keys [][]byte, followerReads bool)
 	}
 	for _, k := range keys {
 		if _, code := g.sm.route(k); code != OK {
-			return nil, g.refuse(k, code)
+			return nil, g.refuse(k, code, !followerReads)
 		}
 	}
 	if !followerReads && !g.r.IsLeader() {
-		return nil, g.refuse(keys[0], OK)
+		return nil, g.refuse(keys[0], OK, true)
 	}
 	if err := g.r.ReadIndex(ctx); err != nil {
 		if raftgroup.IsNotExecuted(err) {
@@ -40,7 +40,7 @@ func (g *Group) ReadKeys(ctx context.Context, keys [][]byte, followerReads bool)
 			// followerReads the client belongs at the leader; with them, on
 			// any replica once a leader is known again.
 			if !followerReads {
-				return nil, g.refuse(keys[0], OK)
+				return nil, g.refuse(keys[0], OK, true)
 			}
 			return nil, &shardkvpb.Refusal{Reason: shardkvpb.ReasonNotExecuted, Msg: "no leader is known for this group right now", Shard: -1}
 		}
@@ -55,7 +55,7 @@ func (g *Group) ReadKeys(ctx context.Context, keys [][]byte, followerReads bool)
 		}
 		if code != OK {
 			// The config moved on while we waited for the barrier.
-			return nil, g.refuse(k, code)
+			return nil, g.refuse(k, code, !followerReads)
 		}
 		out[i] = e
 	}
@@ -91,7 +91,7 @@ func (g *Group) WriteBatch(ctx context.Context, ops []*shardkvpb.WriteOp) ([]Wri
 		if r.Code == OK {
 			out[i].Result = r.Result
 		} else {
-			out[i].Err = g.refuse(ops[i].Key, r.Code)
+			out[i].Err = g.opError(ops[i].Key, r.Code, true)
 		}
 	}
 	return out, nil

@@ -100,8 +100,9 @@ func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
 	g := &Group{cfg: cfg, r: r, sm: sm, log: cfg.Logger.With("gid", sm.gid), conns: map[string]*grpc.ClientConn{},
 		leaders: map[uint64]string{}, known: map[uint64]*shardkvpb.Config{}, heard: map[uint64]uint64{}, stopc: make(chan struct{})}
 	g.ctx, g.stop = context.WithCancel(context.Background())
-	g.wg.Add(1)
+	g.wg.Add(2)
 	go g.run()
+	go g.watchConfigs()
 	if cfg.TrackLeaders {
 		g.wg.Add(1)
 		go g.trackLeaders()

@@ -28,7 +28,7 @@ func (g *Group) Get(ctx context.Context, req *shardkvpb.GetRequest) (*shardkvpb.
 func (g *Group) MultiGet(ctx context.Context, req *shardkvpb.MultiGetRequest) (*shardkvpb.MultiGetReply, error) {
 	for _, k := range req.Keys {
 		if _, code := g.sm.route(k); code != OK {
-			return nil, g.opError(k, code)
+			return nil, g.opError(k, code, false)
 		}
 	}
 	if err := g.r.ReadIndex(ctx); err != nil {
@@ -42,7 +42,7 @@ func (g *Group) MultiGet(ctx context.Context, req *shardkvpb.MultiGetRequest) (*
 			return nil, internal(err)
 		}
 		if code != OK {
-			return nil, g.opError(k, code)
+			return nil, g.opError(k, code, false)
 		}
 		out.Values = append(out.Values, &shardkvpb.GetReply{Value: e.Value, Found: e.Found})
 	}
@@ -56,7 +56,7 @@ func (g *Group) Write(ctx context.Context, req *shardkvpb.WriteRequest) (*shardk
 		return nil, raftgroup.GRPCError(err)
 	}
 	if res[0].Code != OK {
-		return nil, g.opError(req.Op.Key, res[0].Code)
+		return nil, g.opError(req.Op.Key, res[0].Code, false)
 	}
 	return &shardkvpb.WriteReply{Result: res[0].Result}, nil
 }

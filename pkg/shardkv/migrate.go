@@ -67,8 +67,6 @@ func (g *Group) run() {
 		if !leading {
 			leading = true
 			lead.ctx, lead.cancel = context.WithCancel(context.Background())
-			g.wg.Add(1)
-			go g.watchConfigs(lead.ctx)
 		}
 		// Heartbeat to the controller.
 		if time.Since(lastReport) >= g.cfg.ReportEvery {

@@ -64,7 +64,7 @@ func (g *Group) proposeError(err error, key []byte) error {
 	case raftgroup.IsTooLarge(err):
 		return fmt.Errorf("the batch is too large for one log entry: %w", err)
 	case errors.As(err, &nl):
-		return g.refuse(key, OK)
+		return g.refuse(key, OK, true)
 	case raftgroup.IsNotExecuted(err):
 		return &shardkvpb.Refusal{Reason: shardkvpb.ReasonNotExecuted, Msg: err.Error(), Shard: -1}
 	case raftgroup.IsOutcomeUnknown(err):
@@ -76,7 +76,8 @@ func (g *Group) proposeError(err error, key []byte) error {
 
 // opError is the error of one op (of key) that did not execute: a refusal,
 // or RESULT_FORGOTTEN (outcome unknown: the session dropped its result).
-func (g *Group) opError(key []byte, code Code) error {
+// needLeader: the request can only run on the leader (see refuse).
+func (g *Group) opError(key []byte, code Code, needLeader bool) error {
 	if code == ResultForgotten {
 		conf := g.sm.Config()
 		s := routing.ShardOf(key, max(len(conf.Shards), 1))
@@ -84,7 +85,7 @@ func (g *Group) opError(key []byte, code Code) error {
 			fmt.Sprintf("shard %d: the session no longer remembers this write's result; it may or may not have been applied", s),
 			map[string]string{"config_num": strconv.FormatUint(conf.Num, 10), "shard": strconv.Itoa(s)})
 	}
-	return g.refuse(key, code)
+	return g.refuse(key, code, needLeader)
 }
 
 // Reason is the shardkvpb reason of a Code that refused an op ("" for OK).

@@ -17,8 +17,9 @@ type Topology struct {
 	GID, ReplicaID uint64
 	// Leads: this replica is its group's leader, as Raft says.
 	Leads bool
-	// Applied is the config this replica has applied. Newest is the config
-	// refusals are decided by (see refuse).
+	// Applied is the config this replica has applied; Newest the newest it
+	// knows from the controller (Applied if none is newer), by which its
+	// refusals send clients on (see refuse).
 	Applied, Newest *shardkvpb.Config
 	// Leaders maps a gid to its leader replica as last known: Raft's for
 	// this group (else the controller's), the controller's for the others
@@ -30,7 +31,7 @@ type Topology struct {
 func (g *Group) Topology() Topology {
 	conf := g.sm.Config()
 	id, _ := g.r.Leader()
-	t := Topology{GID: g.sm.gid, ReplicaID: g.r.ID(), Leads: id == g.r.ID(), Applied: conf, Newest: conf}
+	t := Topology{GID: g.sm.gid, ReplicaID: g.r.ID(), Leads: id == g.r.ID(), Applied: conf, Newest: g.newestConfig()}
 	g.heardMu.Lock()
 	t.Leaders = maps.Clone(g.heard)
 	g.heardMu.Unlock()
@@ -43,15 +44,22 @@ func (g *Group) Topology() Topology {
 	return t
 }
 
-// watchConfigs keeps the controller's configs newer than ours in memory.
-func (g *Group) watchConfigs(ctx context.Context) {
+// watchConfigs keeps the controller's configs newer than the applied one,
+// on every replica and for the replica's lifetime: the leader steps through
+// them (nextKnown), and every replica decides where to send a request it
+// does not serve by the newest (refuse): a follower's refusals must be as
+// current as its leader's.
+func (g *Group) watchConfigs() {
 	defer g.wg.Done()
 	if g.cfg.Ctrler == nil {
 		return
 	}
-	for conf := range g.cfg.Ctrler.Watch(ctx, g.sm.Config().Num+1) {
+	for conf := range g.cfg.Ctrler.Watch(g.ctx, g.sm.Config().Num+1) {
 		g.knownMu.Lock()
 		g.known[conf.Num] = conf
+		if g.newest == nil || conf.Num > g.newest.Num {
+			g.newest = conf
+		}
 		cur := g.sm.Config().Num
 		for n := range g.known {
 			if n <= cur {
@@ -62,6 +70,20 @@ func (g *Group) watchConfigs(ctx context.Context) {
 	}
 }
 
+// newestConfig is the newest config this replica knows: the controller's
+// newest it has heard of, or its applied one if that is as new.
+func (g *Group) newestConfig() *shardkvpb.Config {
+	applied := g.sm.Config()
+	g.knownMu.Lock()
+	defer g.knownMu.Unlock()
+	if g.newest == nil || g.newest.Num <= applied.Num {
+		return applied
+	}
+	return g.newest
+}
+
+// nextKnown is the config the leader steps to next, if the controller has
+// announced it.
 func (g *Group) nextKnown() *shardkvpb.Config {
 	cur := g.sm.Config().Num
 	g.knownMu.Lock()
