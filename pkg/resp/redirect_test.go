@@ -3,17 +3,12 @@ package resp_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/shardkv/shardkv/pkg/raftgroup"
-	"github.com/shardkv/shardkv/pkg/raftgroup/rgtest"
-	"github.com/shardkv/shardkv/pkg/resp"
 	"github.com/shardkv/shardkv/pkg/routing"
-	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkv/kvtest"
 )
 
@@ -30,18 +25,7 @@ import (
 // shard of A to B: A steps to 3 and hands the shard off, B cannot step.
 func TestRedirectsLeadToOwner(t *testing.T) {
 	gids := []uint64{300, 301, 302}
-	w := kvtest.New(t, kvtest.Options{Shards: 16,
-		RaftConfig: func(c *raftgroup.Config) { c.ElectionTicks = 100 },
-		RESP: func(addr string, g *shardkv.Group) func() {
-			ln, err := net.Listen("tcp", addr)
-			if err != nil {
-				t.Errorf("listen %s: %v", addr, err)
-				return func() {}
-			}
-			s := resp.New(resp.Config{WriteTimeout: slow, ReadTimeout: slow, Logger: rgtest.Logger()}, g)
-			go s.Serve(ln)
-			return func() { s.Close() }
-		}})
+	w := newWorld(t)
 	for _, gid := range gids {
 		w.StartGroup(gid)
 	}

@@ -178,16 +178,37 @@ func backoff(ctx context.Context, d *time.Duration) bool {
 	}
 }
 
-// pull fetches shard s from its previous owner and installs it through the
-// log, chunk by chunk, resuming where the log says it stopped.
-func (g *Group) pull(ctx context.Context, s int, m ShardMeta) {
+// shardTask runs step while shard s is still in m's state for m's config,
+// until step says it is done, retrying its errors with jittered backoff. A
+// task's only state is the replicated shard state (cur), so lost RPCs,
+// leader changes and restarts of either side only delay it.
+func (g *Group) shardTask(ctx context.Context, s int, m ShardMeta, step func(cur ShardMeta) (done bool, err error)) {
 	delay := 20 * time.Millisecond
 	for ctx.Err() == nil {
 		cur := g.sm.Shard(s)
-		if cur.State != Pulling || cur.Config != m.Config {
+		if cur.State != m.State || cur.Config != m.Config {
 			return
 		}
-		err := g.callGroup(ctx, m.Peer, func(cctx context.Context, cl shardkvpb.KVClient) error {
+		done, err := step(cur)
+		if done {
+			return
+		}
+		if err == nil {
+			delay = 20 * time.Millisecond
+			continue
+		}
+		g.log.Debug("shard task", "state", m.State, "shard", s, "config", m.Config, "peer", m.Peer, "err", err)
+		if !backoff(ctx, &delay) {
+			return
+		}
+	}
+}
+
+// pull fetches shard s from its previous owner and installs it through the
+// log, chunk by chunk, resuming where the log says it stopped.
+func (g *Group) pull(ctx context.Context, s int, m ShardMeta) {
+	g.shardTask(ctx, s, m, func(cur ShardMeta) (bool, error) {
+		return false, g.callGroup(ctx, m.Peer, func(cctx context.Context, cl shardkvpb.KVClient) error {
 			stream, err := cl.FetchShard(cctx, &shardkvpb.FetchShardRequest{Shard: uint32(s), ConfigNum: m.Config, Gid: g.sm.gid, AfterKey: cur.Resume, Resume: cur.Resumed})
 			if err != nil {
 				return err
@@ -218,54 +239,32 @@ func (g *Group) pull(ctx context.Context, s int, m ShardMeta) {
 				}
 			}
 		})
-		if err == nil {
-			delay = 20 * time.Millisecond
-			continue
-		}
-		g.log.Debug("pulling shard", "shard", s, "config", m.Config, "from", m.Peer, "err", err)
-		if !backoff(ctx, &delay) {
-			return
-		}
-	}
+	})
 }
 
 // confirm tells the old owner we hold the shard, then serves it plainly.
 func (g *Group) confirm(ctx context.Context, s int, m ShardMeta) {
-	delay := 20 * time.Millisecond
-	for ctx.Err() == nil {
-		if cur := g.sm.Shard(s); cur.State != Acking || cur.Config != m.Config {
-			return
-		}
+	g.shardTask(ctx, s, m, func(ShardMeta) (bool, error) {
 		err := g.callGroup(ctx, m.Peer, func(cctx context.Context, cl shardkvpb.KVClient) error {
 			_, err := cl.ShardInstalled(cctx, &shardkvpb.ShardInstalledRequest{Shard: uint32(s), ConfigNum: m.Config, Gid: g.sm.gid})
 			return err
 		})
-		if err == nil {
-			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			_, err = g.propose(pctx, &shardkvpb.GroupCommand{Acked: &shardkvpb.ShardRef{Shard: uint32(s), ConfigNum: m.Config}})
-			cancel()
-			if err == nil {
-				return
-			}
+		if err != nil {
+			return false, err
 		}
-		if !backoff(ctx, &delay) {
-			return
-		}
-	}
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err = g.propose(pctx, &shardkvpb.GroupCommand{Acked: &shardkvpb.ShardRef{Shard: uint32(s), ConfigNum: m.Config}})
+		return err == nil, err
+	})
 }
 
 // gc deletes a handed-off shard in bounded chunks through the log.
 func (g *Group) gc(ctx context.Context, s int, m ShardMeta) {
-	delay := 20 * time.Millisecond
-	for ctx.Err() == nil {
-		if cur := g.sm.Shard(s); cur.State != GCing || cur.Config != m.Config {
-			return
-		}
+	g.shardTask(ctx, s, m, func(ShardMeta) (bool, error) {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
 		_, err := g.propose(pctx, &shardkvpb.GroupCommand{DeleteChunk: &shardkvpb.ShardRef{Shard: uint32(s), ConfigNum: m.Config}})
-		cancel()
-		if err != nil && !backoff(ctx, &delay) {
-			return
-		}
-	}
+		return false, err
+	})
 }
