@@ -281,8 +281,13 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 		return nil, fmt.Errorf("--listen: %w", err)
 	}
 	n := &Node{opts: o, log: log, lis: lis, errs: newErrorCounter(), servedGRPC: make(chan error, 1)}
-	cfg := raftgroup.Config{GroupID: groupID, ID: o.ID, Addr: o.Advertise, RESPAddr: o.RESPAdvertise,
+	cfg := raftgroup.Config{GroupID: groupID, ID: o.ID, Addr: o.Advertise,
 		Dir: filepath.Join(o.DataDir, "raft"), Peers: o.Peers, Join: o.Join, Logger: log}
+	if o.RESPAdvertise != "" {
+		// The engine knows no Redis: it reports the address it is given in
+		// its Admin status, where kvctl looks it up for a join.
+		cfg.AnnotateStatus = func(st *shardkvpb.MemberStatus) { st.RespAddr = o.RESPAdvertise }
+	}
 	var sm raftgroup.StateMachine
 	if o.Role == "ctrler" {
 		n.ctrlSM = ctrler.NewStateMachine()
@@ -309,7 +314,7 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 			lis.Close()
 			return nil, err
 		}
-		n.group = shardkv.NewGroup(shardkv.GroupConfig{Ctrler: n.ctrl, RESPAddr: o.RESPAdvertise, MaxValueBytes: o.MaxValueBytes, Logger: log}, n.replica, n.groupSM)
+		n.group = shardkv.NewGroup(shardkv.GroupConfig{Ctrler: n.ctrl, TrackLeaders: o.RESP != "", MaxValueBytes: o.MaxValueBytes, Logger: log}, n.replica, n.groupSM)
 		n.group.Register(n.grpc)
 		n.stop = append(n.stop, n.group.Stop, func() { n.ctrl.Close() })
 		if o.RESP != "" {
@@ -321,7 +326,7 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 				lis.Close()
 				return nil, fmt.Errorf("--resp: %w", err)
 			}
-			n.resp = resp.New(resp.Config{Password: o.RequirePass, MaxClients: o.RESPMaxClients, MaxRequestBytes: o.RESPMaxRequestBytes,
+			n.resp = resp.New(resp.Config{Advertise: o.RESPAdvertise, Password: o.RequirePass, MaxClients: o.RESPMaxClients, MaxRequestBytes: o.RESPMaxRequestBytes,
 				MaxValueBytes: o.MaxValueBytes, WriteTimeout: o.RESPWriteTimeout, Logger: log.With("api", "resp")}, n.group)
 			go n.resp.Serve(rl)
 			// Closed first on shutdown (n.stop runs in reverse).

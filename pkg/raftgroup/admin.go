@@ -25,7 +25,7 @@ func (r *Replica) StatusProto() *shardkvpb.MemberStatus {
 	st := r.Status()
 	m := r.Metrics()
 	out := &shardkvpb.MemberStatus{
-		GroupId: st.GroupID, Id: st.ID, Addr: st.Addr, RespAddr: r.cfg.RESPAddr, Role: st.Role, Leader: st.Leader, LeaderAddr: st.LeaderAddr,
+		GroupId: st.GroupID, Id: st.ID, Addr: st.Addr, Role: st.Role, Leader: st.Leader, LeaderAddr: st.LeaderAddr,
 		Term: st.Term, Commit: st.Commit, Applied: st.Applied, SnapshotIndex: st.SnapshotIndex,
 		FirstIndex: st.FirstIndex, LastIndex: st.LastIndex,
 		Counters: &shardkvpb.Counters{
@@ -36,6 +36,9 @@ func (r *Replica) StatusProto() *shardkvpb.MemberStatus {
 		},
 	}
 	out.Members = membersProto(st.Members)
+	if r.cfg.AnnotateStatus != nil {
+		r.cfg.AnnotateStatus(out)
+	}
 	return out
 }
 

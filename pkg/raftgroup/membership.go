@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -90,7 +91,7 @@ func (r *Replica) changeMembership(ctx context.Context, typ pb.ConfChangeType, i
 		return notExecuted("a joint membership change is still in progress")
 	}
 	if err := check(cs); err != nil {
-		return fmt.Errorf("%w: %w", ErrNotExecuted, err)
+		return fmt.Errorf("%w: %w", shardkvpb.ErrNotExecuted, err)
 	}
 	pid, w := r.props.register()
 	cc := &pb.ConfChangeV2{

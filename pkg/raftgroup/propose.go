@@ -183,8 +183,9 @@ func (p *proposals) failAll(err error) {
 
 // Propose replicates cmd and returns the state machine's result for it.
 //
-// Errors wrap ErrNotExecuted (safe to retry; a *NotLeaderError names the
-// leader) or ErrOutcomeUnknown (the command may still apply).
+// Errors wrap shardkvpb.ErrNotExecuted (safe to retry; a *NotLeaderError
+// names the leader) or shardkvpb.ErrOutcomeUnknown (the command may still
+// apply).
 func (r *Replica) Propose(ctx context.Context, cmd []byte) (any, error) {
 	if len(cmd) > r.cfg.MaxCommandBytes {
 		return nil, errors.Join(notExecuted("command of %d bytes exceeds the limit of %d bytes", len(cmd), r.cfg.MaxCommandBytes), errTooLarge)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -36,9 +37,11 @@ type Config struct {
 	ID uint64
 	// Addr is this replica's advertised gRPC address.
 	Addr string
-	// RESPAddr is this replica's advertised Redis address, if any. The
-	// engine only reports it (admin Status), so tools can find it.
-	RESPAddr string
+	// AnnotateStatus, if set, adds the service's own facts to the status
+	// the Admin service reports (StatusProto), such as the addresses of the
+	// process's other front ends, so that tools can find them. The engine
+	// does not interpret them.
+	AnnotateStatus func(*shardkvpb.MemberStatus)
 	// Dir holds all of the replica's state.
 	Dir string
 	// Peers are the initial members, this replica included. They are used

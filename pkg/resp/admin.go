@@ -170,7 +170,7 @@ func cmdHello(c *conn, p *pipeline, args [][]byte, _ int) {
 		c.setName(string(name))
 	}
 	role := "replica"
-	if c.s.b.ClusterView().Self.Leader {
+	if c.s.view().Self.Leader {
 		role = "master"
 	}
 	b := redcon.AppendArray(nil, 14)
@@ -491,7 +491,7 @@ func (s *Server) infoSections(include func(string) bool) []infoSection {
 			out = append(out, infoSection{name, lines()})
 		}
 	}
-	view := s.b.ClusterView()
+	view := s.view()
 	add("Server", func() []string {
 		up := time.Since(s.started)
 		_, port, _ := net.SplitHostPort(view.Self.Addr)
@@ -558,7 +558,7 @@ func (s *Server) infoSections(include func(string) bool) []infoSection {
 			fmt.Sprintf("raft_snapshot_index:%d", st.GetSnapshotIndex()),
 			fmt.Sprintf("raft_first_index:%d", st.GetFirstIndex()),
 			fmt.Sprintf("raft_last_index:%d", st.GetLastIndex()),
-			fmt.Sprintf("config_num:%d", view.ConfigNum),
+			fmt.Sprintf("config_num:%d", view.AppliedNum),
 		}
 		if kcErr == nil {
 			for _, state := range shardStates(kc) {
@@ -590,8 +590,8 @@ func shardStates(kc shardkv.KeyCounts) []shardkv.ShardState {
 }
 
 // replicationInfo is INFO replication: the group leader is the master.
-func replicationInfo(view shardkv.ClusterView) []string {
-	g := view.Group(view.Self.GID)
+func replicationInfo(view clusterView) []string {
+	g := view.group(view.Self.GID)
 	if view.Self.Leader {
 		lines := []string{"role:master"}
 		var replicas []string
@@ -608,7 +608,7 @@ func replicationInfo(view shardkv.ClusterView) []string {
 		return append(lines, replicas...)
 	}
 	lines := []string{"role:slave"}
-	var leader *shardkv.RedisNode
+	var leader *node
 	if g != nil {
 		for i := range g.Nodes {
 			if g.Nodes[i].Leader {

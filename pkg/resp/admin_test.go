@@ -17,6 +17,7 @@ import (
 	"github.com/shardkv/shardkv/pkg/routing"
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/protobuf/proto"
 )
 
 // testConnection: PING, ECHO, HELLO, CLIENT, COMMAND, CONFIG.
@@ -275,8 +276,20 @@ type hookBackend struct {
 	mu     sync.Mutex
 	write  func(ctx context.Context, ops []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error)
 	read   func(ctx context.Context, keys [][]byte, follower bool) ([]shardkv.ValueEntry, error)
-	writes atomic.Int64 // RedisWrite calls
-	reads  atomic.Int64 // RedisRead calls
+	writes atomic.Int64 // WriteBatch calls
+	reads  atomic.Int64 // ReadKeys calls
+}
+
+// Topology adds groups 7 (replicas 1 and 3) and 8 (replica 1) with RESP
+// addresses to the group's newest config, for refusals that name them.
+func (h *hookBackend) Topology() shardkv.Topology {
+	t := h.Backend.Topology()
+	conf := proto.Clone(t.Newest).(*shardkvpb.Config)
+	conf.Groups = append(conf.Groups,
+		&shardkvpb.Group{Gid: 7, Servers: []*shardkvpb.Server{{Id: 1, Addr: "x:1", RespAddr: "10.1.2.1:7000"}, {Id: 3, Addr: "x:3", RespAddr: "10.1.2.3:7000"}}},
+		&shardkvpb.Group{Gid: 8, Servers: []*shardkvpb.Server{{Id: 1, Addr: "y:1", RespAddr: "node-3.example:6379"}}})
+	t.Newest = conf
+	return t
 }
 
 func (h *hookBackend) setWrite(f func(ctx context.Context, ops []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error)) {
@@ -291,7 +304,7 @@ func (h *hookBackend) setRead(f func(ctx context.Context, keys [][]byte, followe
 	h.read = f
 }
 
-func (h *hookBackend) RedisWrite(ctx context.Context, ops []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error) {
+func (h *hookBackend) WriteBatch(ctx context.Context, ops []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error) {
 	h.writes.Add(1)
 	h.mu.Lock()
 	f := h.write
@@ -299,10 +312,10 @@ func (h *hookBackend) RedisWrite(ctx context.Context, ops []*shardkvpb.WriteOp) 
 	if f != nil {
 		return f(ctx, ops)
 	}
-	return h.Backend.RedisWrite(ctx, ops)
+	return h.Backend.WriteBatch(ctx, ops)
 }
 
-func (h *hookBackend) RedisRead(ctx context.Context, keys [][]byte, follower bool) ([]shardkv.ValueEntry, error) {
+func (h *hookBackend) ReadKeys(ctx context.Context, keys [][]byte, follower bool) ([]shardkv.ValueEntry, error) {
 	h.reads.Add(1)
 	h.mu.Lock()
 	f := h.read
@@ -310,7 +323,7 @@ func (h *hookBackend) RedisRead(ctx context.Context, keys [][]byte, follower boo
 	if f != nil {
 		return f(ctx, keys, follower)
 	}
-	return h.Backend.RedisRead(ctx, keys, follower)
+	return h.Backend.ReadKeys(ctx, keys, follower)
 }
 
 // testOutcomes: the reply to each backend answer. A refusal (not executed)
@@ -324,8 +337,8 @@ func (e *env) testOutcomes(t *testing.T) {
 	k := e.keyIn(gA, "oc:")
 	slot := routing.SlotOf(k)
 
-	// Batching: one pipeline of writes is one RedisWrite (one log entry),
-	// one of reads of a slot one RedisRead. (The backend is simulated here,
+	// Batching: one pipeline of writes is one WriteBatch (one log entry),
+	// one of reads of a slot one ReadKeys. (The backend is simulated here,
 	// so that the counts do not depend on leadership.)
 	h.setWrite(func(_ context.Context, ops []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error) {
 		out := make([]shardkv.WriteOutcome, len(ops))
@@ -350,7 +363,7 @@ func (e *env) testOutcomes(t *testing.T) {
 		expect(t, c.read(), status("OK"))
 	}
 	if n := h.writes.Swap(0); n > 2 {
-		t.Errorf("16 pipelined SETs took %d RedisWrite calls", n)
+		t.Errorf("16 pipelined SETs took %d WriteBatch calls", n)
 	}
 	pipe = nil
 	for range 16 {
@@ -361,13 +374,13 @@ func (e *env) testOutcomes(t *testing.T) {
 		expect(t, c.read(), "15")
 	}
 	if n := h.reads.Swap(0); n > 2 {
-		t.Errorf("16 pipelined GETs took %d RedisRead calls", n)
+		t.Errorf("16 pipelined GETs took %d ReadKeys calls", n)
 	}
 	h.setRead(nil)
 
 	unknown := rerr("ERR outcome unknown: the write was proposed but its result is unknown (leader change or timeout); read the key before retrying")
 	h.setWrite(func(context.Context, []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error) {
-		return nil, fmt.Errorf("%w: injected", shardkv.ErrOutcomeUnknown)
+		return nil, fmt.Errorf("%w: injected", shardkvpb.ErrOutcomeUnknown)
 	})
 	expect(t, c.do("set", k, "x"), unknown)
 	expect(t, c.do("incr", k), unknown)
@@ -387,14 +400,15 @@ func (e *env) testOutcomes(t *testing.T) {
 	}
 
 	// Refusals, whole-batch and per op.
+	// The refusals name groups 7 and 8, which the hook's topology adds.
 	for _, tc := range []struct {
-		ref  *shardkv.Refusal
+		ref  *shardkvpb.Refusal
 		want string
 	}{
-		{&shardkv.Refusal{Kind: shardkv.Moved, Slot: slot, Addr: "10.1.2.3:7000"}, fmt.Sprintf("MOVED %d 10.1.2.3:7000", slot)},
-		{&shardkv.Refusal{Kind: shardkv.Moved, Slot: slot, Addr: "node-3.example:6379"}, fmt.Sprintf("MOVED %d node-3.example:6379", slot)},
-		{&shardkv.Refusal{Kind: shardkv.TryAgain, Slot: slot, Why: "shard 3 is arriving"}, "TRYAGAIN shard 3 is arriving"},
-		{&shardkv.Refusal{Kind: shardkv.ClusterDown, Slot: slot, Why: "Hash slot not served"}, "CLUSTERDOWN Hash slot not served"},
+		{&shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Owner: 7, Leader: 3}, fmt.Sprintf("MOVED %d 10.1.2.3:7000", slot)},
+		{&shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Owner: 8}, fmt.Sprintf("MOVED %d node-3.example:6379", slot)},
+		{&shardkvpb.Refusal{Reason: shardkvpb.ReasonNotReady, Msg: "shard 3 is arriving"}, "TRYAGAIN shard 3 is arriving"},
+		{&shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Msg: "not served"}, "CLUSTERDOWN Hash slot not served"},
 	} {
 		h.setWrite(func(context.Context, []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error) { return nil, tc.ref })
 		expect(t, c.do("set", k, "x"), rerr(tc.want))
@@ -416,7 +430,7 @@ func (e *env) testOutcomes(t *testing.T) {
 		out := make([]shardkv.WriteOutcome, len(ops))
 		for i, op := range ops {
 			if string(op.Key) == other {
-				out[i].Err = &shardkv.Refusal{Kind: shardkv.TryAgain, Slot: slot, Why: "busy"}
+				out[i].Err = &shardkvpb.Refusal{Reason: shardkvpb.ReasonNotReady, Msg: "busy"}
 			} else {
 				out[i].Result = &shardkvpb.WriteResult{Ok: true}
 			}
@@ -545,7 +559,7 @@ func (e *env) testClose(t *testing.T) {
 		close(started)
 		<-ctx.Done()
 		sawCancel.Store(errors.Is(ctx.Err(), context.Canceled))
-		return nil, fmt.Errorf("%w: %v", shardkv.ErrOutcomeUnknown, ctx.Err())
+		return nil, fmt.Errorf("%w: %v", shardkvpb.ErrOutcomeUnknown, ctx.Err())
 	})
 	s, addr := extraServer(t, resp.Config{WriteTimeout: time.Minute}, h)
 	c := dial(t, addr)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/routing"
-	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/tidwall/redcon"
 )
 
@@ -34,10 +33,10 @@ func endpoint(addr string) (host string, port int, hostname string) {
 }
 
 // master is the node a group's slots are served by in Redis terms.
-func master(g *shardkv.RedisGroup) *shardkv.RedisNode { return &g.Nodes[0] }
+func master(g *nodeGroup) *node { return &g.Nodes[0] }
 
 func cmdClusterMyID(c *conn, p *pipeline, _ [][]byte, _ int) {
-	p.reply(redcon.AppendBulkString(nil, c.s.b.ClusterView().Self.ID))
+	p.reply(redcon.AppendBulkString(nil, c.s.view().Self.ID))
 }
 
 func cmdClusterKeySlot(_ *conn, p *pipeline, args [][]byte, _ int) {
@@ -88,8 +87,8 @@ func cmdClusterGetKeysInSlot(c *conn, p *pipeline, args [][]byte, _ int) {
 }
 
 // slotsOf lists gid's slot ranges.
-func slotsOf(view *shardkv.ClusterView, gid uint64) []shardkv.SlotOwner {
-	var out []shardkv.SlotOwner
+func slotsOf(view *clusterView, gid uint64) []slotOwner {
+	var out []slotOwner
 	for _, so := range view.Slots {
 		if so.GID == gid {
 			out = append(out, so)
@@ -99,7 +98,7 @@ func slotsOf(view *shardkv.ClusterView, gid uint64) []shardkv.SlotOwner {
 }
 
 func cmdClusterInfo(c *conn, p *pipeline, _ [][]byte, _ int) {
-	view := c.s.b.ClusterView()
+	view := c.s.view()
 	assigned, size, nodes := 0, 0, 0
 	for i := range view.Groups {
 		g := &view.Groups[i]
@@ -140,7 +139,7 @@ func cmdClusterInfo(c *conn, p *pipeline, _ [][]byte, _ int) {
 // The cluster bus port (cport) is port+10000 as in Redis; nothing listens
 // there. The config epoch is the config number.
 func cmdClusterNodes(c *conn, p *pipeline, _ [][]byte, _ int) {
-	view := c.s.b.ClusterView()
+	view := c.s.view()
 	now := time.Now().UnixMilli()
 	var b strings.Builder
 	for i := range view.Groups {
@@ -177,7 +176,7 @@ func cmdClusterNodes(c *conn, p *pipeline, _ [][]byte, _ int) {
 
 // appendSlotsNode appends a node of CLUSTER SLOTS: endpoint, port, id, and
 // the metadata map (the hostname, when the endpoint is one).
-func appendSlotsNode(b []byte, n *shardkv.RedisNode) []byte {
+func appendSlotsNode(b []byte, n *node) []byte {
 	host, port, hostname := endpoint(n.Addr)
 	b = redcon.AppendArray(b, 4)
 	b = redcon.AppendBulkString(b, host)
@@ -193,11 +192,11 @@ func appendSlotsNode(b []byte, n *shardkv.RedisNode) []byte {
 
 // cmdClusterSlots: [start, end, master, replicas...] per slot range.
 func cmdClusterSlots(c *conn, p *pipeline, _ [][]byte, _ int) {
-	view := c.s.b.ClusterView()
+	view := c.s.view()
 	var b []byte
 	n := 0
 	for _, so := range view.Slots {
-		g := view.Group(so.GID)
+		g := view.group(so.GID)
 		if g == nil {
 			continue // a group without RESP addresses: its slots are not served
 		}
@@ -215,7 +214,7 @@ func cmdClusterSlots(c *conn, p *pipeline, _ [][]byte, _ int) {
 // cmdClusterShards: per group, "slots" (flat start/end pairs) and "nodes"
 // (flat key/value arrays in RESP2), as Redis 7.
 func cmdClusterShards(c *conn, p *pipeline, _ [][]byte, _ int) {
-	view := c.s.b.ClusterView()
+	view := c.s.view()
 	applied := int64(c.s.b.RaftStatus().GetApplied())
 	b := redcon.AppendArray(nil, len(view.Groups))
 	for i := range view.Groups {

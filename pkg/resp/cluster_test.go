@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/shardkv/shardkv/pkg/resp"
 	"github.com/shardkv/shardkv/pkg/routing"
-	"github.com/shardkv/shardkv/pkg/shardkv"
 )
 
 // testRedirects: MOVED to the owner group's leader, MOVED from a follower
@@ -73,7 +73,7 @@ func (e *env) testCluster(t *testing.T) {
 	ids := map[string]string{} // node id -> RESP address
 	for _, gid := range []uint64{gA, gB} {
 		for _, id := range e.w.Groups[gid].IDs() {
-			ids[shardkv.NodeID(gid, id)] = e.w.RESPAddr(gid, id)
+			ids[resp.NodeID(gid, id)] = e.w.RESPAddr(gid, id)
 		}
 	}
 	addr := e.w.RESPAddr(gB, e.follower(gB))
@@ -85,7 +85,7 @@ func (e *env) testCluster(t *testing.T) {
 	for {
 		leaders = map[string]bool{}
 		for _, gid := range []uint64{gA, gB} {
-			leaders[shardkv.NodeID(gid, e.leader(gid))] = true
+			leaders[resp.NodeID(gid, e.leader(gid))] = true
 		}
 		nodes = c.do("cluster", "nodes").(string)
 		masters := 0
@@ -169,7 +169,7 @@ func (e *env) testCluster(t *testing.T) {
 		for i, n := range r[2:] {
 			n := n.([]any)
 			id := n[2].(string)
-			if len(n) != 4 || ids[id] != fmt.Sprintf("%s:%d", n[0], n[1]) || (i == 0) != (id == shardkv.NodeID(g, e.leader(g))) {
+			if len(n) != 4 || ids[id] != fmt.Sprintf("%s:%d", n[0], n[1]) || (i == 0) != (id == resp.NodeID(g, e.leader(g))) {
 				t.Errorf("CLUSTER SLOTS range %d-%d node %d: %v", start, end, i, n)
 			}
 		}
@@ -217,7 +217,7 @@ func (e *env) testCluster(t *testing.T) {
 			t.Errorf("CLUSTER INFO lacks %q:\n%s", want, info)
 		}
 	}
-	expect(t, c.do("cluster", "myid"), shardkv.NodeID(gB, e.follower(gB)))
+	expect(t, c.do("cluster", "myid"), resp.NodeID(gB, e.follower(gB)))
 	expect(t, c.do("cluster", "keyslot", "foo"), int64(12182))
 	expect(t, c.do("cluster", "keyslot", "{user1000}.following"), int64(routing.SlotOf("user1000")))
 
@@ -342,6 +342,23 @@ func (e *env) testClusterClient(t *testing.T) {
 	}
 }
 
+// waitCaughtUp waits until every replica of gid has applied what its
+// leader had applied when called.
+func (e *env) waitCaughtUp(gid uint64) {
+	e.t.Helper()
+	g := e.w.Groups[gid]
+	want := g.Replica(e.leader(gid)).AppliedIndex()
+	deadline := time.Now().Add(slow)
+	for _, id := range g.IDs() {
+		for r := g.Replica(id); r != nil && r.AppliedIndex() < want; {
+			if time.Now().After(deadline) {
+				e.t.Fatalf("group %d replica %d applied %d, leader %d", gid, id, r.AppliedIndex(), want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
 // testScan: SCAN pages through the keys a replica serves, with MATCH,
 // COUNT and TYPE; cursors are numbers.
 func (e *env) testScan(t *testing.T) {
@@ -379,7 +396,9 @@ func (e *env) testScan(t *testing.T) {
 		return keys
 	}
 	for _, gid := range []uint64{gA, gB} {
-		// A follower answers from its own state too.
+		// A follower answers from its own state too (once it has applied
+		// the writes: a quorum may have acknowledged them without it).
+		e.waitCaughtUp(gid)
 		for _, addr := range []string{e.leaderAddr(gid), e.w.RESPAddr(gid, e.follower(gid))} {
 			c := e.conn(addr)
 			expect(t, scan(c, "match", "sc:*", "count", "4"), want[gid], "SCAN of group ", gid, " at ", addr)

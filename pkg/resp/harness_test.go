@@ -50,7 +50,25 @@ type env struct {
 // shards), both joined, and waits until they serve.
 func newEnv(t *testing.T) *env {
 	e := &env{t: t, conns: map[string]*rconn{}}
-	e.w = kvtest.New(t, kvtest.Options{Shards: 16,
+	e.w = newWorld(t)
+	e.w.StartGroup(gA)
+	e.w.StartGroup(gB)
+	e.w.Join(gA, gB)
+	e.conf = e.w.WaitSettled(60 * time.Second)
+	t.Cleanup(func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for _, c := range e.conns {
+			c.c.Close()
+		}
+	})
+	return e
+}
+
+// newWorld starts a controller with RESP servers for every data-group
+// replica it will start (16 shards).
+func newWorld(t *testing.T) *kvtest.World {
+	return kvtest.New(t, kvtest.Options{Shards: 16,
 		// A two-second election timeout: the tests run on busy CI machines,
 		// where the default 200ms makes spurious elections.
 		RaftConfig: func(c *raftgroup.Config) { c.ElectionTicks = 100 },
@@ -66,18 +84,6 @@ func newEnv(t *testing.T) *env {
 			go s.Serve(ln)
 			return func() { s.Close() }
 		}})
-	e.w.StartGroup(gA)
-	e.w.StartGroup(gB)
-	e.w.Join(gA, gB)
-	e.conf = e.w.WaitSettled(60 * time.Second)
-	t.Cleanup(func() {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		for _, c := range e.conns {
-			c.c.Close()
-		}
-	})
-	return e
 }
 
 // run runs a subtest with e.t set to it.

@@ -44,8 +44,8 @@ type item struct {
 
 // pipeline runs the commands of one read from a connection, in order, and
 // keeps their replies in order. Consecutive writes are combined into one
-// RedisWrite (one log entry, applied in order); consecutive reads share one
-// RedisRead per slot, run concurrently. A read after a write waits for the
+// WriteBatch (one log entry, applied in order); consecutive reads share one
+// ReadKeys call per slot, run concurrently. A read after a write waits for the
 // write batch (it must see it), and a write after reads waits for them (they
 // must not see it); commands that read local state call barrier first.
 // Replies that need no backend (PING, errors) do not break a batch.
@@ -154,7 +154,7 @@ func (p *pipeline) flushReads() {
 func (s *Server) read(g *readGroup) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReadTimeout)
 	defer cancel()
-	g.vals, g.err = s.b.RedisRead(ctx, g.keys, g.follower)
+	g.vals, g.err = s.b.ReadKeys(ctx, g.keys, g.follower)
 	if g.err == nil && len(g.vals) != len(g.keys) {
 		g.err = fmt.Errorf("backend returned %d values for %d keys", len(g.vals), len(g.keys))
 	}
@@ -163,7 +163,7 @@ func (s *Server) read(g *readGroup) {
 
 // readError is the reply to a failed read.
 func (s *Server) readError(g *readGroup, slot int) []byte {
-	var ref *shardkv.Refusal
+	var ref *shardkvpb.Refusal
 	switch {
 	case errors.As(g.err, &ref):
 		return s.refusal(ref, slot)
@@ -185,7 +185,7 @@ func (p *pipeline) flushWrites() {
 	p.c.s.runWrites(items)
 }
 
-// runWrites proposes the ops of items as one RedisWrite and sets each
+// runWrites proposes the ops of items as one WriteBatch and sets each
 // item's reply.
 func (s *Server) runWrites(items []*item) {
 	var ops []*shardkvpb.WriteOp
@@ -193,9 +193,9 @@ func (s *Server) runWrites(items []*item) {
 		ops = append(ops, it.ops...)
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.WriteTimeout)
-	outs, err := s.b.RedisWrite(ctx, ops)
+	outs, err := s.b.WriteBatch(ctx, ops)
 	cancel()
-	var ref *shardkv.Refusal
+	var ref *shardkvpb.Refusal
 	switch {
 	case err == nil && len(outs) != len(ops):
 		// Cannot tell which ran.
@@ -220,7 +220,7 @@ func (s *Server) runWrites(items []*item) {
 			it.out = s.refusal(ref, it.slot)
 		}
 		return
-	case errors.Is(err, shardkv.ErrOutcomeUnknown):
+	case errors.Is(err, shardkvpb.ErrOutcomeUnknown):
 		s.log.Debug("write outcome unknown", "ops", len(ops), "err", err)
 		s.unknown(items)
 		return
@@ -261,7 +261,7 @@ func sameSlot(items []*item) bool {
 
 // writeReply renders one command's outcomes.
 func (s *Server) writeReply(it *item, outs []shardkv.WriteOutcome) []byte {
-	var ref *shardkv.Refusal
+	var ref *shardkvpb.Refusal
 	refused := 0
 	res := make([]*shardkvpb.WriteResult, len(outs))
 	for i, o := range outs {
@@ -287,29 +287,25 @@ func (s *Server) writeReply(it *item, outs []shardkv.WriteOutcome) []byte {
 	}
 	for _, r := range res {
 		if r.Error != "" {
-			// A Redis error decided at apply; the op changed nothing.
-			return redcon.AppendError(nil, r.Error)
+			// An error decided at apply; the op changed nothing.
+			return redcon.AppendError(nil, opErrorText(r.Error))
 		}
 	}
 	return it.onWrite(res)
 }
 
-// refusal renders a refusal (the command did not execute) as the redirect
-// or retry error of Redis Cluster, for a command of slot.
-func (s *Server) refusal(r *shardkv.Refusal, slot int) []byte {
-	s.stats.refused.Add(1)
-	switch r.Kind {
-	case shardkv.Moved:
-		if r.Addr != "" {
-			return redcon.AppendError(nil, fmt.Sprintf("MOVED %d %s", slot, r.Addr))
-		}
-		return redcon.AppendError(nil, "TRYAGAIN the slot's owner has no known address yet")
-	case shardkv.TryAgain:
-		why := r.Why
-		if why == "" {
-			why = "please retry"
-		}
-		return redcon.AppendError(nil, "TRYAGAIN "+why)
+// opErrorText is Redis's text for an op error decided at apply; an error
+// it does not know is passed on as it is.
+func opErrorText(code string) string {
+	switch code {
+	case shardkvpb.OpErrNotInteger:
+		return errNotInteger
+	case shardkvpb.OpErrOverflow:
+		return "ERR increment or decrement would overflow"
+	case shardkvpb.OpErrNotFloat:
+		return errNotFloat
+	case shardkvpb.OpErrNaN:
+		return "ERR increment would produce NaN or Infinity"
 	}
-	return redcon.AppendError(nil, "CLUSTERDOWN Hash slot not served")
+	return code
 }

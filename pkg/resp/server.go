@@ -10,7 +10,7 @@
 // The contract with clients that carry no request ids: a client resends a
 // command answered with MOVED, TRYAGAIN or CLUSTERDOWN. Those answers are
 // therefore given only when the backend proves that the command did not
-// execute (a *shardkv.Refusal). A write whose outcome is unknown (proposed,
+// execute (a *shardkvpb.Refusal, rendered in redirect.go). A write whose outcome is unknown (proposed,
 // then a timeout or a leader change) is answered with a plain -ERR, which
 // clients do not retry on their own, and the connection stays open (an I/O
 // error would make them retry too).
@@ -41,15 +41,15 @@ import (
 )
 
 // Backend is what the server needs from a data-group replica
-// (*shardkv.Group implements it). See pkg/shardkv/redis.go for the
-// semantics, in particular which errors mean "not executed".
+// (*shardkv.Group implements it). Its answers are neutral facts; see
+// pkg/shardkv/frontend.go for which errors mean "not executed".
 type Backend interface {
-	// RedisRead reads keys of one slot linearizably.
-	RedisRead(ctx context.Context, keys [][]byte, followerReads bool) ([]shardkv.ValueEntry, error)
-	// RedisWrite proposes ops as one log entry.
-	RedisWrite(ctx context.Context, ops []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error)
-	// ClusterView is the replica's applied config in Redis Cluster terms.
-	ClusterView() shardkv.ClusterView
+	// ReadKeys reads keys of one slot linearizably.
+	ReadKeys(ctx context.Context, keys [][]byte, followerReads bool) ([]shardkv.ValueEntry, error)
+	// WriteBatch proposes ops as one log entry.
+	WriteBatch(ctx context.Context, ops []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error)
+	// Topology is what the replica knows of the cluster: configs, leaders.
+	Topology() shardkv.Topology
 	// KeyCounts, CountKeysInSlot, KeysInSlot and Scan read local state.
 	KeyCounts() (shardkv.KeyCounts, error)
 	CountKeysInSlot(slot int) (int, error)
@@ -88,6 +88,9 @@ const flushTimeout = 30 * time.Second
 type Config struct {
 	// Addr is the listen address of ListenAndServe.
 	Addr string
+	// Advertise is this replica's RESP address as clients reach it (INFO
+	// tcp_port, CLUSTER views); default: its resp_addr in the config.
+	Advertise string
 	// Password, if set, is required (AUTH / HELLO AUTH) before any command
 	// but AUTH, HELLO and QUIT. The only user is "default".
 	Password string

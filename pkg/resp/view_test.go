@@ -11,20 +11,20 @@ import (
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
-// viewBackend serves a fixed cluster view and refuses every key: the
-// layouts a test world does not produce (hostnames, IPv6, a group with no
-// known leader, a slot range of one slot).
-type viewBackend struct{ view shardkv.ClusterView }
+// viewBackend serves a fixed topology and refuses every key as unowned:
+// the layouts a test world does not produce (hostnames, IPv6, a group with
+// no known leader, a slot range of one slot).
+type viewBackend struct{ topo shardkv.Topology }
 
-func (v *viewBackend) RedisRead(context.Context, [][]byte, bool) ([]shardkv.ValueEntry, error) {
-	return nil, &shardkv.Refusal{Kind: shardkv.ClusterDown, Why: "Hash slot not served"}
+func (v *viewBackend) ReadKeys(context.Context, [][]byte, bool) ([]shardkv.ValueEntry, error) {
+	return nil, &shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Msg: "no config yet"}
 }
 
-func (v *viewBackend) RedisWrite(context.Context, []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error) {
-	return nil, &shardkv.Refusal{Kind: shardkv.ClusterDown, Why: "Hash slot not served"}
+func (v *viewBackend) WriteBatch(context.Context, []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error) {
+	return nil, &shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Msg: "no config yet"}
 }
 
-func (v *viewBackend) ClusterView() shardkv.ClusterView { return v.view }
+func (v *viewBackend) Topology() shardkv.Topology { return v.topo }
 
 func (v *viewBackend) KeyCounts() (shardkv.KeyCounts, error) {
 	return shardkv.KeyCounts{Total: 3, Expires: 1,
@@ -44,14 +44,25 @@ func (v *viewBackend) MaxValueBytes() int { return 1024 }
 func (v *viewBackend) MaxKeyBytes() int   { return 64 }
 
 func TestClusterViewLayouts(t *testing.T) {
-	a := shardkv.RedisNode{ID: strings.Repeat("a", 40), GID: 1, ReplicaID: 1, Addr: "node-a.svc:6379", Self: true}
-	b := shardkv.RedisNode{ID: strings.Repeat("b", 40), GID: 1, ReplicaID: 2, Addr: "10.0.0.2:6379"}
-	c := shardkv.RedisNode{ID: strings.Repeat("c", 40), GID: 2, ReplicaID: 1, Addr: "[::1]:7000", Leader: true}
-	d := shardkv.RedisNode{ID: strings.Repeat("d", 40), GID: 2, ReplicaID: 2, Addr: "[::1]:7001"}
-	vb := &viewBackend{view: shardkv.ClusterView{ConfigNum: 7, Self: a,
-		Groups: []shardkv.RedisGroup{{GID: 1, Nodes: []shardkv.RedisNode{a, b}}, {GID: 2, Nodes: []shardkv.RedisNode{c, d}}},
-		Slots:  []shardkv.SlotOwner{{Start: 0, End: 100, GID: 1}, {Start: 101, End: 101, GID: 2}, {Start: 102, End: 16383, GID: 2}},
+	// Group 1: replicas 1 (this one, a hostname) and 2, no known leader;
+	// group 2: replicas 1 (the leader) and 2, on IPv6. One slot per shard:
+	// group 2 owns slot 101 only, group 1 the two ranges around it.
+	type nd struct{ ID, Addr string }
+	a := nd{resp.NodeID(1, 1), "node-a.svc:6379"}
+	b := nd{resp.NodeID(1, 2), "10.0.0.2:6379"}
+	c := nd{resp.NodeID(2, 1), "[::1]:7000"}
+	d := nd{resp.NodeID(2, 2), "[::1]:7001"}
+	conf := &shardkvpb.Config{Num: 7, Shards: make([]uint64, 16384), Groups: []*shardkvpb.Group{
+		{Gid: 1, Servers: []*shardkvpb.Server{{Id: 1, Addr: "g1", RespAddr: a.Addr}, {Id: 2, Addr: "g2", RespAddr: b.Addr}}},
+		{Gid: 2, Servers: []*shardkvpb.Server{{Id: 1, Addr: "g3", RespAddr: c.Addr}, {Id: 2, Addr: "g4", RespAddr: d.Addr}}},
 	}}
+	for s := range conf.Shards {
+		conf.Shards[s] = 1
+		if s == 101 {
+			conf.Shards[s] = 2
+		}
+	}
+	vb := &viewBackend{topo: shardkv.Topology{GID: 1, ReplicaID: 1, Applied: conf, Newest: conf, Leaders: map[uint64]uint64{2: 1}}}
 	_, addr := extraServer(t, resp.Config{MaxValueBytes: 4096}, vb)
 	conn := dial(t, addr)
 	defer conn.c.Close()
@@ -60,21 +71,21 @@ func TestClusterViewLayouts(t *testing.T) {
 	// that every slot has one; a hostname is in the address field and after
 	// the comma; IPv6 addresses are written without brackets.
 	nodes := regexp.MustCompile(` 0 \d+ 7 connected`).ReplaceAllString(conn.do("cluster", "nodes").(string), " 0 T 7 connected")
-	expect(t, nodes, a.ID+" node-a.svc:6379@16379,node-a.svc myself,master - 0 T 7 connected 0-100\n"+
+	expect(t, nodes, a.ID+" node-a.svc:6379@16379,node-a.svc myself,master - 0 T 7 connected 0-100 102-16383\n"+
 		b.ID+" 10.0.0.2:6379@16379 slave "+a.ID+" 0 T 7 connected\n"+
-		c.ID+" ::1:7000@17000 master - 0 T 7 connected 101 102-16383\n"+
+		c.ID+" ::1:7000@17000 master - 0 T 7 connected 101\n"+
 		d.ID+" ::1:7001@17001 slave "+c.ID+" 0 T 7 connected\n")
 	expect(t, conn.do("cluster", "slots"), []any{
 		[]any{int64(0), int64(100), []any{"node-a.svc", int64(6379), a.ID, []any{"hostname", "node-a.svc"}}, []any{"10.0.0.2", int64(6379), b.ID, []any{}}},
 		[]any{int64(101), int64(101), []any{"::1", int64(7000), c.ID, []any{}}, []any{"::1", int64(7001), d.ID, []any{}}},
-		[]any{int64(102), int64(16383), []any{"::1", int64(7000), c.ID, []any{}}, []any{"::1", int64(7001), d.ID, []any{}}},
+		[]any{int64(102), int64(16383), []any{"node-a.svc", int64(6379), a.ID, []any{"hostname", "node-a.svc"}}, []any{"10.0.0.2", int64(6379), b.ID, []any{}}},
 	})
 	shards := conn.do("cluster", "shards").([]any)
-	expect(t, shards[0], []any{"slots", []any{int64(0), int64(100)}, "nodes", []any{
+	expect(t, shards[0], []any{"slots", []any{int64(0), int64(100), int64(102), int64(16383)}, "nodes", []any{
 		[]any{"id", a.ID, "port", int64(6379), "ip", "node-a.svc", "endpoint", "node-a.svc", "hostname", "node-a.svc", "role", "master", "replication-offset", int64(42), "health", "online"},
 		[]any{"id", b.ID, "port", int64(6379), "ip", "10.0.0.2", "endpoint", "10.0.0.2", "role", "replica", "replication-offset", int64(0), "health", "online"},
 	}})
-	expect(t, shards[1].([]any)[1], []any{int64(101), int64(101), int64(102), int64(16383)})
+	expect(t, shards[1].([]any)[1], []any{int64(101), int64(101)})
 	info := conn.do("cluster", "info").(string)
 	for _, want := range []string{"cluster_state:ok\r\n", "cluster_slots_assigned:16384\r\n", "cluster_known_nodes:4\r\n", "cluster_size:2\r\n", "cluster_current_epoch:7\r\n"} {
 		if !strings.Contains(info, want) {

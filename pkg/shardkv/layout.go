@@ -1,11 +1,9 @@
 package shardkv
 
 import (
-	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 )
 
 // Storage layout (all keys outside the engine's 0x00 prefix):
@@ -95,124 +93,6 @@ func decodeRecord(b []byte) (record, error) {
 // live reports whether the record is a value visible at time nowMs.
 func (r record) live(nowMs int64) bool {
 	return !r.Tombstone && (r.ExpireAtMs == 0 || r.ExpireAtMs > nowMs)
-}
-
-// session is a client's dedup state within one shard. Sequence numbers may
-// complete out of order: Floor says every seq <= Floor is done (and
-// acknowledged by the client, so forgotten); Done lists the seqs above Floor
-// that were applied, with their results. Trimmed is the highest seq whose
-// result was dropped to keep Done within MaxDonePerSession: a seq in
-// (Floor, Trimmed] that is not in Done may or may not have been applied.
-type session struct {
-	Floor   uint64
-	LastNS  int64
-	Done    []doneOp // sorted by Seq
-	Trimmed uint64
-}
-
-type doneOp struct {
-	Seq       uint64
-	OK        bool
-	PrevFound bool
-	Prev      []byte
-}
-
-// MaxDonePerSession bounds a session's remembered results. A client with
-// more than this many unacknowledged writes on one shard loses the results
-// of the oldest ones: a write at or below Trimmed and not in Done gets
-// ResultForgotten (outcome unknown), never a silent "done". (Trimming used
-// to raise Floor instead, which made the group skip, and report as done,
-// writes of the session that had not arrived yet.)
-const MaxDonePerSession = 4096
-
-func (s *session) encode() []byte {
-	b := binary.BigEndian.AppendUint64(nil, s.Floor)
-	b = binary.BigEndian.AppendUint64(b, uint64(s.LastNS))
-	b = binary.AppendUvarint(b, uint64(len(s.Done)))
-	for _, d := range s.Done {
-		b = binary.AppendUvarint(b, d.Seq)
-		var f byte
-		if d.OK {
-			f |= 1
-		}
-		if d.PrevFound {
-			f |= 2
-		}
-		b = append(b, f)
-		b = binary.AppendUvarint(b, uint64(len(d.Prev)))
-		b = append(b, d.Prev...)
-	}
-	if s.Trimmed > s.Floor {
-		b = binary.AppendUvarint(b, s.Trimmed) // optional trailer
-	}
-	return b
-}
-
-func decodeSession(b []byte) (*session, error) {
-	if len(b) < 16 {
-		return nil, errors.New("short session record")
-	}
-	s := &session{Floor: binary.BigEndian.Uint64(b), LastNS: int64(binary.BigEndian.Uint64(b[8:]))}
-	b = b[16:]
-	n, w := binary.Uvarint(b)
-	if w <= 0 {
-		return nil, errors.New("bad session record")
-	}
-	b = b[w:]
-	for range n {
-		seq, w := binary.Uvarint(b)
-		if w <= 0 || len(b) < w+1 {
-			return nil, errors.New("bad session entry")
-		}
-		f := b[w]
-		b = b[w+1:]
-		l, w := binary.Uvarint(b)
-		if w <= 0 || uint64(len(b)-w) < l {
-			return nil, errors.New("bad session entry")
-		}
-		prev := slices.Clone(b[w : w+int(l)])
-		b = b[w+int(l):]
-		s.Done = append(s.Done, doneOp{Seq: seq, OK: f&1 != 0, PrevFound: f&2 != 0, Prev: prev})
-	}
-	if len(b) > 0 {
-		t, w := binary.Uvarint(b)
-		if w <= 0 {
-			return nil, errors.New("bad session trailer")
-		}
-		s.Trimmed = t
-	}
-	return s, nil
-}
-
-// find returns the stored result of seq, if it was applied.
-func (s *session) find(seq uint64) (doneOp, bool) {
-	i, ok := slices.BinarySearchFunc(s.Done, seq, func(d doneOp, q uint64) int { return cmp.Compare(d.Seq, q) })
-	if !ok {
-		return doneOp{}, false
-	}
-	return s.Done[i], true
-}
-
-// ack forgets every result the client has acknowledged.
-func (s *session) ack(upTo uint64) {
-	if upTo <= s.Floor {
-		return
-	}
-	s.Floor = upTo
-	i := 0
-	for i < len(s.Done) && s.Done[i].Seq <= upTo {
-		i++
-	}
-	s.Done = s.Done[i:]
-}
-
-func (s *session) add(d doneOp) {
-	i, _ := slices.BinarySearchFunc(s.Done, d.Seq, func(x doneOp, q uint64) int { return cmp.Compare(x.Seq, q) })
-	s.Done = slices.Insert(s.Done, i, d)
-	for len(s.Done) > MaxDonePerSession {
-		s.Trimmed = max(s.Trimmed, s.Done[0].Seq)
-		s.Done = s.Done[1:]
-	}
 }
 
 // ShardState is the replicated state of one shard in this group.

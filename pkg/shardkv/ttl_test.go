@@ -36,16 +36,16 @@ func owner(t *testing.T, w *kvtest.World, key string) uint64 {
 	return routing.GroupOf([]byte(key), conf.Shards)
 }
 
-// redisWrite runs op on the key's owner, retrying refusals (never executed).
-func redisWrite(t *testing.T, w *kvtest.World, op *shardkvpb.WriteOp) *shardkvpb.WriteResult {
+// batchWrite runs op on the key's owner, retrying refusals (never executed).
+func batchWrite(t *testing.T, w *kvtest.World, op *shardkvpb.WriteOp) *shardkvpb.WriteResult {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		g := leaderGroup(t, w, owner(t, w, string(op.Key)))
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		out, err := g.RedisWrite(ctx, []*shardkvpb.WriteOp{op})
+		out, err := g.WriteBatch(ctx, []*shardkvpb.WriteOp{op})
 		cancel()
-		var ref *shardkv.Refusal
+		var ref *shardkvpb.Refusal
 		if err == nil && out[0].Err == nil {
 			return out[0].Result
 		}
@@ -59,18 +59,18 @@ func redisWrite(t *testing.T, w *kvtest.World, op *shardkvpb.WriteOp) *shardkvpb
 	}
 }
 
-func redisRead(t *testing.T, w *kvtest.World, key string) shardkv.ValueEntry {
+func readKey(t *testing.T, w *kvtest.World, key string) shardkv.ValueEntry {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		g := leaderGroup(t, w, owner(t, w, key))
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		out, err := g.RedisRead(ctx, [][]byte{[]byte(key)}, false)
+		out, err := g.ReadKeys(ctx, [][]byte{[]byte(key)}, false)
 		cancel()
 		if err == nil {
 			return out[0]
 		}
-		var ref *shardkv.Refusal
+		var ref *shardkvpb.Refusal
 		if !errors.As(err, &ref) || time.Now().After(deadline) {
 			t.Fatalf("read %s: %v", key, err)
 		}
@@ -92,8 +92,8 @@ func TestTTLSurvivesMigrationAndRestart(t *testing.T) {
 	shortAt, longAt := now+4000, now+600_000
 	const n = 40
 	for i := range n {
-		redisWrite(t, w, &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: []byte(fmt.Sprintf("short-%d", i)), Value: []byte("s"), ExpireAtMs: shortAt})
-		redisWrite(t, w, &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: []byte(fmt.Sprintf("long-%d", i)), Value: []byte("l"), ExpireAtMs: longAt})
+		batchWrite(t, w, &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: []byte(fmt.Sprintf("short-%d", i)), Value: []byte("s"), ExpireAtMs: shortAt})
+		batchWrite(t, w, &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: []byte(fmt.Sprintf("long-%d", i)), Value: []byte("l"), ExpireAtMs: longAt})
 	}
 	w.Join(101)
 	w.WaitSettled(30 * time.Second)
@@ -105,7 +105,7 @@ func TestTTLSurvivesMigrationAndRestart(t *testing.T) {
 		if owner(t, w, k) == 101 {
 			moved++
 		}
-		if e := redisRead(t, w, k); !e.Found || e.ExpireAtMs != longAt {
+		if e := readKey(t, w, k); !e.Found || e.ExpireAtMs != longAt {
 			t.Fatalf("%s after migration and restart: %+v, want expiry %d", k, e, longAt)
 		}
 	}
@@ -114,7 +114,7 @@ func TestTTLSurvivesMigrationAndRestart(t *testing.T) {
 	}
 	time.Sleep(time.Until(time.UnixMilli(shortAt)) + 100*time.Millisecond)
 	for i := range n {
-		if e := redisRead(t, w, fmt.Sprintf("short-%d", i)); e.Found {
+		if e := readKey(t, w, fmt.Sprintf("short-%d", i)); e.Found {
 			t.Fatalf("short-%d visible after its expiry", i)
 		}
 	}

@@ -1,6 +1,7 @@
 package shardkvpb
 
 import (
+	"errors"
 	"strconv"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -41,13 +42,105 @@ const (
 	errorDomain = "shardkv.io"
 )
 
+// Op errors, in WriteResult.error: the op was applied but its own semantics
+// refused it (it changed nothing). Front ends render them in their
+// protocol's words.
+const (
+	// OpErrNotInteger: INCR on a value that is not a canonical int64.
+	OpErrNotInteger = "NOT_INTEGER"
+	// OpErrOverflow: INCR would overflow int64.
+	OpErrOverflow = "OVERFLOW"
+	// OpErrNotFloat: INCR_FLOAT with an increment or on a value that is
+	// not a float.
+	OpErrNotFloat = "NOT_FLOAT"
+	// OpErrNaN: INCR_FLOAT would produce NaN or an infinity.
+	OpErrNaN = "NAN_OR_INFINITY"
+)
+
+// The two outcomes of a request that did not simply succeed or fail, as Go
+// errors. They are defined once, here: the engine (pkg/raftgroup), the data
+// groups (pkg/shardkv), the front ends and the clients wrap and test these
+// same values, and each edge translates them once (to a gRPC status, to a
+// Redis reply).
+var (
+	// ErrNotExecuted: the request did not run and never will, so it may be
+	// sent again. Every more specific "not executed" error wraps it
+	// (*Refusal does).
+	ErrNotExecuted = errors.New("not executed")
+	// ErrOutcomeUnknown: the request may or may not take effect (a
+	// timeout, or leadership lost after the entry was appended). Resending
+	// it may apply it twice.
+	ErrOutcomeUnknown = errors.New("outcome unknown")
+)
+
+// Refusal is a request that was not executed and never will be, with the
+// facts a client needs to resend it to the right place: which group owns
+// the key's shard, who leads it, by which config. It says nothing of any
+// client protocol; each edge renders it once: gRPC through GRPCStatus (a
+// status with an ErrorInfo), Redis as MOVED/TRYAGAIN/CLUSTERDOWN
+// (pkg/resp).
+type Refusal struct {
+	// Reason is ReasonNotLeader, ReasonWrongGroup, ReasonNotReady or
+	// ReasonNotExecuted.
+	Reason string
+	Msg    string
+	// Shard is the key's shard (-1: the refusal is not about one shard)
+	// and ConfigNum the config the answer was decided by (the newest the
+	// replica knows; 0: none yet).
+	Shard     int
+	ConfigNum uint64
+	// Owner is the group to send the request to: for WRONG_GROUP the
+	// shard's owner in ConfigNum (0: no group owns it, or no config yet);
+	// for NOT_LEADER the replica's own group.
+	Owner uint64
+	// Leader is Owner's leader replica as last known (0: unknown), and
+	// LeaderAddr its gRPC address when known.
+	Leader     uint64
+	LeaderAddr string
+}
+
+func (r *Refusal) Error() string { return r.Msg }
+
+// Unwrap makes every refusal an ErrNotExecuted.
+func (r *Refusal) Unwrap() error { return ErrNotExecuted }
+
+// GRPCStatus renders the refusal for gRPC (grpc-go calls it for an error a
+// handler returns). The metadata keep the names the clients parse:
+// "leader_id"/"leader_addr" for NOT_LEADER (see LeaderHint), "config_num",
+// "shard" and "owner_gid" for WRONG_GROUP and NOT_READY.
+func (r *Refusal) GRPCStatus() *status.Status {
+	meta := map[string]string{}
+	c := codes.Unavailable
+	switch r.Reason {
+	case ReasonNotLeader:
+		if r.Leader != 0 {
+			meta["leader_id"] = strconv.FormatUint(r.Leader, 10)
+			meta["leader_addr"] = r.LeaderAddr
+		}
+	case ReasonWrongGroup, ReasonNotReady:
+		if r.Reason == ReasonWrongGroup {
+			c = codes.FailedPrecondition
+		}
+		meta["config_num"] = strconv.FormatUint(r.ConfigNum, 10)
+		meta["shard"] = strconv.Itoa(r.Shard)
+		if r.Owner != 0 {
+			meta["owner_gid"] = strconv.FormatUint(r.Owner, 10)
+		}
+	}
+	return newStatus(c, r.Reason, r.Msg, meta)
+}
+
 // Error builds a gRPC status error with a machine-readable reason.
 func Error(c codes.Code, reason, msg string, meta map[string]string) error {
+	return newStatus(c, reason, msg, meta).Err()
+}
+
+func newStatus(c codes.Code, reason, msg string, meta map[string]string) *status.Status {
 	st := status.New(c, msg)
 	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: errorDomain, Metadata: meta}); err == nil {
 		st = d
 	}
-	return st.Err()
+	return st
 }
 
 // NotLeaderError reports that the leader is elsewhere. leaderID 0 means unknown.

@@ -360,8 +360,8 @@ type WriteResult struct {
 	Num int64 `protobuf:"varint,5,opt,name=num,proto3" json:"num,omitempty"`
 	// INCR_FLOAT: the new value as stored.
 	Value []byte `protobuf:"bytes,6,opt,name=value,proto3" json:"value,omitempty"`
-	// A Redis-style error decided when the op was applied (e.g. the value is
-	// not an integer); the op changed nothing.
+	// An error decided when the op was applied (one of the OpErr* codes of
+	// errors.go, e.g. NOT_INTEGER); the op changed nothing.
 	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

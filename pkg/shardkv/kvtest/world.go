@@ -196,14 +196,23 @@ func (w *World) StartGroup(gid uint64) *rgtest.Cluster {
 	}
 	w.t.Cleanup(func() { ctrl.Close() })
 	g := rgtest.NewCluster(w.t, w.cfg.Replicas, rgtest.Options{
-		GroupID:       gid,
-		NewSM:         func(uint64) raftgroup.StateMachine { return shardkv.NewStateMachine(gid) },
-		Config:        w.cfg.RaftConfig,
+		GroupID: gid,
+		NewSM:   func(uint64) raftgroup.StateMachine { return shardkv.NewStateMachine(gid) },
+		Config: func(c *raftgroup.Config) {
+			if w.cfg.RESP != nil {
+				// As pkg/node: the engine reports the RESP address it is told.
+				addr := w.RESPAddr(gid, c.ID)
+				c.AnnotateStatus = func(st *shardkvpb.MemberStatus) { st.RespAddr = addr }
+			}
+			if w.cfg.RaftConfig != nil {
+				w.cfg.RaftConfig(c)
+			}
+		},
 		ServerOptions: []grpc.ServerOption{grpc.ChainUnaryInterceptor(w.Faults.unary), grpc.ChainStreamInterceptor(w.Faults.stream)},
 		Register: func(id uint64, s *grpc.Server, r *raftgroup.Replica, sm raftgroup.StateMachine) {
 			name := fmt.Sprintf("g%d/%d", gid, id)
 			respAddr := w.RESPAddr(gid, id)
-			grp := shardkv.NewGroup(shardkv.GroupConfig{Ctrler: ctrl, RESPAddr: respAddr, ReportEvery: 200 * time.Millisecond, ExpireEvery: time.Second,
+			grp := shardkv.NewGroup(shardkv.GroupConfig{Ctrler: ctrl, TrackLeaders: w.cfg.RESP != nil, ReportEvery: 200 * time.Millisecond, ExpireEvery: time.Second,
 				ExpireKeysEvery: 100 * time.Millisecond, Logger: rgtest.Logger().With("gid", gid, "replica", id)}, r, sm.(*shardkv.StateMachine))
 			grp.Register(s)
 			stopRESP := func() {}

@@ -1,0 +1,98 @@
+package shardkv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+)
+
+// The API of protocol front ends (pkg/resp) whose clients carry no request
+// ids and resend a command the server refused. So a refusal is given only
+// when the command provably did not execute: an error that is a
+// *shardkvpb.Refusal did not execute and never will; an error wrapping
+// shardkvpb.ErrOutcomeUnknown was proposed and may or may not take effect,
+// which a front end must not turn into a "resend". Any other error is
+// invalid input or a local failure (nothing executed, resending cannot
+// help).
+
+// ReadKeys reads keys (of one shard) linearizably: a ReadIndex round, then
+// local state with the local clock deciding expiry. A follower serves it
+// only if followerReads; otherwise it refuses with NOT_LEADER.
+func (g *Group) ReadKeys(ctx context.Context, keys [][]byte, followerReads bool) ([]ValueEntry, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	for _, k := range keys {
+		if _, code := g.sm.route(k); code != OK {
+			return nil, g.refuse(k, code, !followerReads)
+		}
+	}
+	if !followerReads && !g.r.IsLeader() {
+		return nil, g.refuse(keys[0], OK, true)
+	}
+	if err := g.r.ReadIndex(ctx); err != nil {
+		if raftgroup.IsNotExecuted(err) {
+			// A read has no effect: a refusal is always safe. Without
+			// followerReads the client belongs at the leader; with them, on
+			// any replica once a leader is known again.
+			if !followerReads {
+				return nil, g.refuse(keys[0], OK, true)
+			}
+			return nil, &shardkvpb.Refusal{Reason: shardkvpb.ReasonNotExecuted, Msg: "no leader is known for this group right now", Shard: -1}
+		}
+		return nil, fmt.Errorf("read barrier: %w", err)
+	}
+	now := time.Now().UnixMilli()
+	out := make([]ValueEntry, len(keys))
+	for i, k := range keys {
+		e, code, err := g.sm.GetEntry(k, now)
+		if err != nil {
+			return nil, err
+		}
+		if code != OK {
+			// The config moved on while we waited for the barrier.
+			return nil, g.refuse(k, code, !followerReads)
+		}
+		out[i] = e
+	}
+	return out, nil
+}
+
+// WriteOutcome is one op's outcome: a result, or a *shardkvpb.Refusal.
+type WriteOutcome struct {
+	Result *shardkvpb.WriteResult
+	Err    error
+}
+
+// WriteBatch proposes ops (without client sessions) as one log entry, in
+// order. It returns one outcome per op, or, for the batch as a whole, a
+// *shardkvpb.Refusal (nothing executed: not the leader, or the engine
+// refused the entry), an error wrapping shardkvpb.ErrOutcomeUnknown, or
+// another error for invalid input (nothing executed).
+func (g *Group) WriteBatch(ctx context.Context, ops []*shardkvpb.WriteOp) ([]WriteOutcome, error) {
+	if len(ops) == 0 {
+		return nil, nil
+	}
+	for _, op := range ops {
+		if op.GetSession() != nil {
+			return nil, errors.New("a batch write carries no client session")
+		}
+	}
+	res, err := g.submit(ctx, ops)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]WriteOutcome, len(ops))
+	for i, r := range res {
+		if r.Code == OK {
+			out[i].Result = r.Result
+		} else {
+			out[i].Err = g.opError(ops[i].Key, r.Code, true)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,145 @@
+package shardkv
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
+	"github.com/shardkv/shardkv/pkg/grpcdial"
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+)
+
+// GroupConfig configures a data group replica's service.
+type GroupConfig struct {
+	// Ctrler is the controller client (the group watches configs and
+	// reports its status through it).
+	Ctrler *ctrlerclient.Client
+	// TrackLeaders keeps every group's leader as the controller last heard
+	// of it (soft state, polled once a second), for front ends that send
+	// their clients to another group's leader (Topology, refusals). The
+	// node sets it when it serves a client protocol other than gRPC.
+	TrackLeaders bool
+	// MaxValueBytes bounds one value (default 512 KiB); MaxKeyBytes one key
+	// (default 64 KiB).
+	MaxValueBytes, MaxKeyBytes int
+	// PullConcurrency bounds shards pulled at once from one source group
+	// (default 4). Per source, so that a source that is down (its pulls
+	// retry until it is back) never holds up the shards of the others.
+	PullConcurrency int
+	// ReportEvery is the heartbeat period to the controller (default 500ms).
+	ReportEvery time.Duration
+	// ExpireEvery is how often the leader proposes session and tombstone
+	// expiry (default 30s).
+	ExpireEvery time.Duration
+	// ExpireKeysEvery is how often the leader checks for keys past their
+	// expiry and proposes their deletion (default 100ms, as Redis's active
+	// expiry cycle). Expired keys are invisible at once either way.
+	ExpireKeysEvery time.Duration
+	// DialOptions for group-to-group calls (default: insecure).
+	DialOptions []grpc.DialOption
+	Logger      *slog.Logger
+}
+
+// Group serves one data-group replica: the KV API, the shard-transfer API,
+// and, while it leads, the loop that steps configs and moves shards.
+type Group struct {
+	shardkvpb.UnimplementedKVServer
+	cfg GroupConfig
+	r   *raftgroup.Replica
+	sm  *StateMachine
+	log *slog.Logger
+
+	connMu  sync.Mutex
+	conns   map[string]*grpc.ClientConn
+	leaders map[uint64]string // gid -> last known leader address
+
+	knownMu sync.Mutex
+	known   map[uint64]*shardkvpb.Config // configs from the controller, ahead of ours
+	newest  *shardkvpb.Config            // the newest config the controller announced
+
+	heardMu sync.Mutex
+	heard   map[uint64]uint64 // gid -> leader replica, as the controller last heard
+
+	ctx   context.Context // cancelled by Stop
+	stop  context.CancelFunc
+	stopc chan struct{}
+	wg    sync.WaitGroup
+}
+
+// NewGroup starts the group's background loops.
+func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
+	if cfg.MaxValueBytes == 0 {
+		cfg.MaxValueBytes = 512 << 10
+	}
+	if cfg.MaxKeyBytes == 0 {
+		cfg.MaxKeyBytes = 64 << 10
+	}
+	if cfg.PullConcurrency == 0 {
+		cfg.PullConcurrency = 4
+	}
+	if cfg.ReportEvery == 0 {
+		cfg.ReportEvery = 500 * time.Millisecond
+	}
+	if cfg.ExpireEvery == 0 {
+		cfg.ExpireEvery = 30 * time.Second
+	}
+	if cfg.ExpireKeysEvery == 0 {
+		cfg.ExpireKeysEvery = 100 * time.Millisecond
+	}
+	if len(cfg.DialOptions) == 0 {
+		cfg.DialOptions = grpcdial.Options()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	g := &Group{cfg: cfg, r: r, sm: sm, log: cfg.Logger.With("gid", sm.gid), conns: map[string]*grpc.ClientConn{},
+		leaders: map[uint64]string{}, known: map[uint64]*shardkvpb.Config{}, heard: map[uint64]uint64{}, stopc: make(chan struct{})}
+	g.ctx, g.stop = context.WithCancel(context.Background())
+	g.wg.Add(2)
+	go g.run()
+	go g.watchConfigs()
+	if cfg.TrackLeaders {
+		g.wg.Add(1)
+		go g.trackLeaders()
+	}
+	return g
+}
+
+// Register adds the KV service to s.
+func (g *Group) Register(s *grpc.Server) { shardkvpb.RegisterKVServer(s, g) }
+
+// Stop ends the background loops and closes peer connections.
+func (g *Group) Stop() {
+	close(g.stopc)
+	g.stop()
+	g.wg.Wait()
+	g.connMu.Lock()
+	for _, c := range g.conns {
+		c.Close()
+	}
+	g.conns = map[string]*grpc.ClientConn{}
+	g.connMu.Unlock()
+}
+
+// propose runs a group command through the log.
+func (g *Group) propose(ctx context.Context, cmd *shardkvpb.GroupCommand) (any, error) {
+	b, err := proto.Marshal(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return g.r.Propose(ctx, b)
+}
+
+// RaftStatus is this replica's Raft status.
+func (g *Group) RaftStatus() *shardkvpb.MemberStatus { return g.r.StatusProto() }
+
+// MaxValueBytes is the group's value size limit.
+func (g *Group) MaxValueBytes() int { return g.cfg.MaxValueBytes }
+
+// MaxKeyBytes is the group's key size limit.
+func (g *Group) MaxKeyBytes() int { return g.cfg.MaxKeyBytes }

@@ -1,0 +1,131 @@
+package shardkv
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/grpc/codes"
+)
+
+// The gRPC KV service. Every error is in the one vocabulary of
+// pkg/shardkvpb: a *shardkvpb.Refusal (not executed; grpc-go renders it
+// with its GRPCStatus), a status with a reason, or an engine error that
+// raftgroup.GRPCError renders.
+
+// Get reads linearizably on any replica (ReadIndex, then local state).
+func (g *Group) Get(ctx context.Context, req *shardkvpb.GetRequest) (*shardkvpb.GetReply, error) {
+	out, err := g.MultiGet(ctx, &shardkvpb.MultiGetRequest{Keys: [][]byte{req.Key}})
+	if err != nil {
+		return nil, err
+	}
+	return out.Values[0], nil
+}
+
+// MultiGet reads several keys of this group after one ReadIndex.
+func (g *Group) MultiGet(ctx context.Context, req *shardkvpb.MultiGetRequest) (*shardkvpb.MultiGetReply, error) {
+	for _, k := range req.Keys {
+		if _, code := g.sm.route(k); code != OK {
+			return nil, g.opError(k, code, false)
+		}
+	}
+	if err := g.r.ReadIndex(ctx); err != nil {
+		return nil, raftgroup.GRPCError(err)
+	}
+	out := &shardkvpb.MultiGetReply{}
+	now := time.Now().UnixMilli()
+	for _, k := range req.Keys {
+		e, code, err := g.sm.GetEntry(k, now)
+		if err != nil {
+			return nil, internal(err)
+		}
+		if code != OK {
+			return nil, g.opError(k, code, false)
+		}
+		out.Values = append(out.Values, &shardkvpb.GetReply{Value: e.Value, Found: e.Found})
+	}
+	return out, nil
+}
+
+// Write applies one mutation through the log.
+func (g *Group) Write(ctx context.Context, req *shardkvpb.WriteRequest) (*shardkvpb.WriteReply, error) {
+	res, err := g.submit(ctx, []*shardkvpb.WriteOp{req.Op})
+	if err != nil {
+		return nil, raftgroup.GRPCError(err)
+	}
+	if res[0].Code != OK {
+		return nil, g.opError(req.Op.Key, res[0].Code, false)
+	}
+	return &shardkvpb.WriteReply{Result: res[0].Result}, nil
+}
+
+// MultiWrite applies several mutations as one log entry. Ops the group
+// cannot execute (wrong group, not ready) are marked in their result.
+func (g *Group) MultiWrite(ctx context.Context, req *shardkvpb.MultiWriteRequest) (*shardkvpb.MultiWriteReply, error) {
+	res, err := g.submit(ctx, req.Ops)
+	if err != nil {
+		return nil, raftgroup.GRPCError(err)
+	}
+	out := &shardkvpb.MultiWriteReply{}
+	for _, r := range res {
+		if r.Code == OK {
+			out.Results = append(out.Results, r.Result)
+		} else {
+			out.Results = append(out.Results, &shardkvpb.WriteResult{NotExecuted: r.Code.Reason()})
+		}
+	}
+	return out, nil
+}
+
+// FetchShard streams a frozen (BePulling) shard to its new owner. Any replica
+// that has applied the BePulling state can serve it: no write reaches a
+// BePulling shard, so its data is final.
+func (g *Group) FetchShard(req *shardkvpb.FetchShardRequest, stream shardkvpb.KV_FetchShardServer) error {
+	s := int(req.Shard)
+	m := g.sm.Shard(s)
+	conf := g.sm.Config()
+	switch {
+	case m.State == BePulling && m.Config == req.ConfigNum:
+		if m.Peer != req.Gid {
+			return invalid("shard %d goes to group %d in config %d, not %d", s, m.Peer, req.ConfigNum, req.Gid)
+		}
+	case conf.Num < req.ConfigNum || (m.State == BePulling && m.Config < req.ConfigNum):
+		return shardkvpb.Error(codes.Unavailable, shardkvpb.ReasonNotReady,
+			fmt.Sprintf("this replica is at config %d; shard %d for config %d is not ready to hand off", conf.Num, s, req.ConfigNum), nil)
+	default:
+		return shardkvpb.Error(codes.FailedPrecondition, shardkvpb.ReasonInvalid,
+			fmt.Sprintf("shard %d for config %d: this replica holds it as %v at config %d", s, req.ConfigNum, m, conf.Num), nil)
+	}
+	return g.sm.StreamShard(s, req.AfterKey, req.Resume, stream.Send)
+}
+
+// ShardInstalled: the new owner has the shard; start deleting our copy.
+func (g *Group) ShardInstalled(ctx context.Context, req *shardkvpb.ShardInstalledRequest) (*shardkvpb.ShardInstalledReply, error) {
+	s := int(req.Shard)
+	m := g.sm.Shard(s)
+	conf := g.sm.Config()
+	switch {
+	case m.State == BePulling && m.Config == req.ConfigNum:
+		if _, err := g.propose(ctx, &shardkvpb.GroupCommand{Gc: &shardkvpb.ShardRef{Shard: req.Shard, ConfigNum: req.ConfigNum}}); err != nil {
+			return nil, raftgroup.GRPCError(err)
+		}
+		return &shardkvpb.ShardInstalledReply{}, nil
+	case (m.State == GCing && m.Config >= req.ConfigNum) || (m.State == NotOwned && conf.Num >= req.ConfigNum) || m.Config > req.ConfigNum:
+		return &shardkvpb.ShardInstalledReply{}, nil // already handed off
+	}
+	if !g.r.IsLeader() {
+		id, addr := g.r.Leader()
+		return nil, shardkvpb.NotLeaderError("shard hand-off goes through the leader", id, addr)
+	}
+	return nil, shardkvpb.Error(codes.Unavailable, shardkvpb.ReasonNotReady,
+		fmt.Sprintf("shard %d for config %d: at config %d, state %v", s, req.ConfigNum, conf.Num, m), nil)
+}
+
+// GroupInfo describes this replica's view of the group.
+func (g *Group) GroupInfo(ctx context.Context, _ *shardkvpb.GroupInfoRequest) (*shardkvpb.GroupInfoReply, error) {
+	out := &shardkvpb.GroupInfoReply{Gid: g.sm.gid, Config: g.sm.Config(), Member: g.r.StatusProto()}
+	out.Shards = g.shardStates()
+	return out, nil
+}

@@ -1,0 +1,98 @@
+package shardkv
+
+import (
+	"fmt"
+
+	"github.com/shardkv/shardkv/pkg/routing"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+)
+
+// refuse says, as facts, where a request for key that this replica does not
+// execute belongs. code is the routing verdict of the replica's applied
+// state (see route): OK means the shard is served here and only leadership
+// is in the way (NOT_LEADER, naming the leader). Otherwise the newest config
+// this replica knows from the controller decides, not the applied one: the
+// shard's owner there is where the shard is going, so a client sent there
+// is always sent closer to it. Deciding by the applied config made two
+// groups at different configs send a client back and forth until it gave
+// up: the old owner, at N+1, to the new owner, and the new owner, still at
+// N (busy finishing an earlier migration), back to the old owner. So:
+// another group owns it (WRONG_GROUP, naming it and its leader); none does
+// (WRONG_GROUP without an owner); this group does but does not serve it yet
+// (NOT_READY: the client waits here; or NOT_LEADER if needLeader and this
+// replica is a follower, as the leader may serve it already).
+func (g *Group) refuse(key []byte, code Code, needLeader bool) *shardkvpb.Refusal {
+	applied, conf := g.sm.Config(), g.newestConfig()
+	r := &shardkvpb.Refusal{ConfigNum: conf.Num, Shard: -1}
+	if len(conf.Shards) == 0 {
+		r.Reason, r.Msg = shardkvpb.ReasonWrongGroup, "no config yet: no group serves any shard"
+		return r
+	}
+	s := routing.ShardOf(key, len(conf.Shards))
+	owner := conf.Shards[s]
+	r.Shard = s
+	switch {
+	case code == OK || (owner == g.sm.gid && needLeader && !g.r.IsLeader()):
+		r.Reason, r.Owner = shardkvpb.ReasonNotLeader, g.sm.gid
+		r.Leader, r.LeaderAddr = g.leaderHint(g.sm.gid)
+		r.Msg = "not the leader of this group"
+		if r.Leader == 0 {
+			r.Msg = "no leader is known for this group right now"
+		}
+	case owner == 0:
+		r.Reason, r.Msg = shardkvpb.ReasonWrongGroup, fmt.Sprintf("shard %d is not served by any group in config %d", s, conf.Num)
+	case owner == g.sm.gid && code == NotReady && conf.Num == applied.Num:
+		r.Reason, r.Msg = shardkvpb.ReasonNotReady, fmt.Sprintf("shard %d is still arriving (config %d)", s, conf.Num)
+	case owner == g.sm.gid:
+		r.Reason, r.Msg = shardkvpb.ReasonNotReady, fmt.Sprintf("shard %d comes to this group in config %d; this replica is at config %d", s, conf.Num, applied.Num)
+	default:
+		r.Reason, r.Owner = shardkvpb.ReasonWrongGroup, owner
+		r.Leader, r.LeaderAddr = g.leaderHint(owner)
+		r.Msg = fmt.Sprintf("shard %d is not served by this group: group %d owns it in config %d", s, owner, conf.Num)
+	}
+	return r
+}
+
+// leaderHint is gid's leader replica (not this one) as last known, and its
+// gRPC address when known: Raft's for this group, else the controller's (a
+// replica that just restarted knows no leader until the leader's first
+// message; sending the client to the one the controller last heard from
+// beats a retry here, and a stale one costs one more redirect); the
+// controller's for the other groups.
+func (g *Group) leaderHint(gid uint64) (uint64, string) {
+	if gid == g.sm.gid {
+		if id, addr := g.r.Leader(); id != 0 {
+			if id == g.r.ID() {
+				return 0, ""
+			}
+			return id, addr
+		}
+	}
+	g.heardMu.Lock()
+	id := g.heard[gid]
+	g.heardMu.Unlock()
+	if id == 0 || (gid == g.sm.gid && id == g.r.ID()) {
+		return 0, ""
+	}
+	for _, c := range []*shardkvpb.Config{g.newestConfig(), g.sm.Config(), g.sm.PrevConfig()} {
+		if s := server(c, gid, id); s != nil {
+			return id, s.Addr
+		}
+	}
+	return id, ""
+}
+
+// server is replica id of group gid in conf (nil if not listed).
+func server(conf *shardkvpb.Config, gid, id uint64) *shardkvpb.Server {
+	for _, grp := range conf.GetGroups() {
+		if grp.Gid != gid {
+			continue
+		}
+		for _, s := range grp.Servers {
+			if s.Id == id {
+				return s
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+package shardkv
+
+import (
+	"bytes"
+	"fmt"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/routing"
+)
+
+// KeyCounts counts the keys a replica holds, tombstones excluded and
+// keys past their expiry but not yet deleted included (as Redis's DBSIZE).
+type KeyCounts struct {
+	Total   int
+	Expires int                // keys with an expiry
+	ByState map[ShardState]int // keys by their shard's state
+	Shards  map[ShardState]int // shards by state
+}
+
+// KeyCounts counts every key this replica holds, from local state.
+func (g *Group) KeyCounts() (KeyCounts, error) {
+	shards := g.sm.Shards()
+	kc := KeyCounts{ByState: map[ShardState]int{}, Shards: map[ShardState]int{}}
+	for _, m := range shards {
+		kc.Shards[m.State]++
+	}
+	err := g.sm.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'d'}, PrefetchValues: false})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			k := it.Item().Key()
+			if len(k) < 4 || k[3] != tagData {
+				continue
+			}
+			rec, err := itemHeader(it.Item())
+			if err != nil {
+				return err
+			}
+			if rec.Tombstone {
+				continue
+			}
+			kc.Total++
+			if rec.ExpireAtMs != 0 {
+				kc.Expires++
+			}
+			st := shards[int(k[1])<<8|int(k[2])].State
+			if st == NotOwned {
+				st = "NotOwned"
+			}
+			kc.ByState[st]++
+		}
+		return nil
+	})
+	return kc, err
+}
+
+// itemHeader decodes a value record's header (tombstone, index, expiry)
+// from a data item; the value itself is not kept.
+func itemHeader(item *badger.Item) (record, error) {
+	var rec record
+	err := item.Value(func(v []byte) error {
+		var err error
+		rec, err = decodeRecord(v)
+		rec.Value = nil // only valid inside Value
+		return err
+	})
+	return rec, err
+}
+
+// slotKeys calls f for the live keys of slot held here, until f says stop.
+func (g *Group) slotKeys(slot int, f func(key []byte) bool) error {
+	if slot < 0 || slot >= routing.Slots {
+		return fmt.Errorf("slot %d out of range", slot)
+	}
+	n := len(g.sm.Config().Shards)
+	if n == 0 {
+		return nil
+	}
+	prefix := append(shardPrefix(routing.Shard(slot, n)), tagData)
+	now := time.Now().UnixMilli()
+	return g.sm.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			key := it.Item().Key()[len(prefix):]
+			if routing.Slot(key) != slot {
+				continue
+			}
+			rec, err := itemHeader(it.Item())
+			if err != nil {
+				return err
+			}
+			if rec.live(now) && !f(bytes.Clone(key)) {
+				return nil
+			}
+		}
+		return nil
+	})
+}
+
+// CountKeysInSlot counts the live keys of slot held here (local state).
+func (g *Group) CountKeysInSlot(slot int) (int, error) {
+	n := 0
+	err := g.slotKeys(slot, func([]byte) bool { n++; return true })
+	return n, err
+}
+
+// KeysInSlot returns up to count live keys of slot held here (local state).
+func (g *Group) KeysInSlot(slot, count int) ([][]byte, error) {
+	var out [][]byte
+	if count <= 0 {
+		return nil, nil
+	}
+	err := g.slotKeys(slot, func(k []byte) bool { out = append(out, k); return len(out) < count })
+	return out, err
+}
+
+// Scan examines up to count keys of the shards this replica serves, in
+// order, after position `after` (nil: from the start), and returns the live
+// ones match accepts (match nil: all) and the position to continue from;
+// next is nil when the scan is complete. Local state: any replica.
+func (g *Group) Scan(after []byte, count int, match func(key []byte) bool) (keys [][]byte, next []byte, err error) {
+	if count <= 0 {
+		count = 10
+	}
+	shards := g.sm.Shards()
+	now := time.Now().UnixMilli()
+	err = g.sm.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'d'}})
+		defer it.Close()
+		it.Rewind()
+		if after != nil {
+			it.Seek(after)
+			if it.Valid() && bytes.Equal(it.Item().Key(), after) {
+				it.Next()
+			}
+		}
+		examined := 0
+		for it.Valid() {
+			k := it.Item().Key()
+			s := int(k[1])<<8 | int(k[2])
+			if !serves(shards[s]) || k[3] != tagData {
+				// Skip the rest of a shard we do not serve, or its sessions.
+				if !serves(shards[s]) {
+					it.Seek(shardPrefix(s + 1))
+				} else {
+					it.Seek(append(shardPrefix(s), tagData+1))
+				}
+				continue
+			}
+			if examined == count {
+				next = bytes.Clone(after)
+				return nil
+			}
+			examined++
+			after = it.Item().KeyCopy(nil)
+			key := after[4:]
+			rec, err := itemHeader(it.Item())
+			if err != nil {
+				return err
+			}
+			if rec.live(now) && (match == nil || match(key)) {
+				keys = append(keys, bytes.Clone(key))
+			}
+			it.Next()
+		}
+		return nil
+	})
+	return keys, next, err
+}

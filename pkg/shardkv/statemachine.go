@@ -1,0 +1,105 @@
+package shardkv
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// StateMachine is a data group's replicated state.
+type StateMachine struct {
+	gid uint64
+	db  *badger.DB
+
+	mu      sync.RWMutex
+	config  *shardkvpb.Config // current
+	prev    *shardkvpb.Config // the one before (source of pulls)
+	shards  map[int]ShardMeta // shards not NotOwned
+	logTime int64             // monotonic log clock (ns)
+	changed chan struct{}     // closed and replaced on every state change that loops care about
+
+	// Process-lifetime counters of shard data received and deleted through
+	// the log (every replica counts what it applies).
+	MigratedKeys, MigratedBytes, GCKeys atomic.Uint64
+}
+
+// NewStateMachine returns the state machine of data group gid.
+func NewStateMachine(gid uint64) *StateMachine {
+	return &StateMachine{gid: gid, config: &shardkvpb.Config{}, prev: &shardkvpb.Config{}, shards: map[int]ShardMeta{}, changed: make(chan struct{})}
+}
+
+// GID is the group's id.
+func (sm *StateMachine) GID() uint64 { return sm.gid }
+
+func (sm *StateMachine) Open(db *badger.DB) (uint64, error) {
+	sm.db = db
+	return sm.reload()
+}
+
+// reload reads the applied index and the group state from the DB (at Open
+// and after a Restore).
+func (sm *StateMachine) reload() (applied uint64, err error) {
+	err = sm.db.View(func(txn *badger.Txn) error {
+		if applied, err = raftgroup.LoadApplied(txn, keyApplied); err != nil {
+			return err
+		}
+		return sm.load(txn)
+	})
+	return applied, err
+}
+
+func (sm *StateMachine) load(txn *badger.Txn) error {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	sm.config, sm.prev = &shardkvpb.Config{}, &shardkvpb.Config{}
+	for k, c := range map[string]*shardkvpb.Config{string(keyConfig): sm.config, string(keyPrev): sm.prev} {
+		v, err := getRaw(txn, []byte(k))
+		if err != nil {
+			return err
+		}
+		if v != nil {
+			if err := proto.Unmarshal(v, c); err != nil {
+				return err
+			}
+		}
+	}
+	v, err := getRaw(txn, keyLogTime)
+	if err != nil {
+		return err
+	}
+	sm.logTime = 0
+	if v != nil {
+		sm.logTime = int64(binary.BigEndian.Uint64(v))
+	}
+	sm.shards = map[int]ShardMeta{}
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'s'}, PrefetchValues: true})
+	defer it.Close()
+	for it.Rewind(); it.Valid(); it.Next() {
+		k := it.Item().Key()
+		s := int(k[1])<<8 | int(k[2])
+		var m ShardMeta
+		if err := it.Item().Value(func(v []byte) error { return json.Unmarshal(v, &m) }); err != nil {
+			return err
+		}
+		sm.shards[s] = m
+	}
+	return nil
+}
+
+func getRaw(txn *badger.Txn, k []byte) ([]byte, error) {
+	item, err := txn.Get(k)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return item.ValueCopy(nil)
+}

@@ -1,0 +1,127 @@
+package shardkv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/routing"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/grpc/codes"
+)
+
+// submit is the one write path of every API (Write, MultiWrite,
+// WriteBatch): it checks the ops, refuses before proposing those whose shard
+// this replica does not serve now, proposes the others as one log entry, and
+// returns each op's outcome: OK with its result, or the Code that refused it
+// (before proposing, or at apply, which decides). The error is about the
+// request as a whole, in the vocabulary of pkg/shardkvpb: invalid input (a
+// status), not executed (a *shardkvpb.Refusal), or outcome unknown
+// (wrapping shardkvpb.ErrOutcomeUnknown).
+func (g *Group) submit(ctx context.Context, ops []*shardkvpb.WriteOp) ([]OpResult, error) {
+	for _, op := range ops {
+		if err := g.checkOp(op); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]OpResult, len(ops))
+	var send []*shardkvpb.WriteOp
+	var idx []int
+	for i, op := range ops {
+		if _, code := g.sm.route(op.Key); code != OK {
+			out[i].Code = code // not executed, and not proposed
+			continue
+		}
+		send = append(send, op)
+		idx = append(idx, i)
+	}
+	if len(send) == 0 {
+		return out, nil
+	}
+	v, err := g.propose(ctx, &shardkvpb.GroupCommand{Writes: send})
+	if err != nil {
+		return nil, g.proposeError(err, send[0].Key)
+	}
+	res, ok := v.([]OpResult)
+	if !ok || len(res) != len(send) {
+		return nil, fmt.Errorf("%w: unexpected apply result %T", shardkvpb.ErrOutcomeUnknown, v)
+	}
+	for j, r := range res {
+		out[idx[j]] = r
+	}
+	return out, nil
+}
+
+// proposeError translates the engine's error for a proposal of a write of
+// key: not executed is a *shardkvpb.Refusal (NOT_LEADER names the leader as
+// this replica knows it), too large stays invalid input (not executed, and
+// resending it cannot help), and anything else may have run.
+func (g *Group) proposeError(err error, key []byte) error {
+	var nl *raftgroup.NotLeaderError
+	switch {
+	case raftgroup.IsTooLarge(err):
+		return fmt.Errorf("the batch is too large for one log entry: %w", err)
+	case errors.As(err, &nl):
+		return g.refuse(key, OK, true)
+	case raftgroup.IsNotExecuted(err):
+		return &shardkvpb.Refusal{Reason: shardkvpb.ReasonNotExecuted, Msg: err.Error(), Shard: -1}
+	case raftgroup.IsOutcomeUnknown(err):
+		return err
+	}
+	// Anything else after proposing: we cannot say it did not run.
+	return fmt.Errorf("%w: %v", shardkvpb.ErrOutcomeUnknown, err)
+}
+
+// opError is the error of one op (of key) that did not execute: a refusal,
+// or RESULT_FORGOTTEN (outcome unknown: the session dropped its result).
+// needLeader: the request can only run on the leader (see refuse).
+func (g *Group) opError(key []byte, code Code, needLeader bool) error {
+	if code == ResultForgotten {
+		conf := g.sm.Config()
+		s := routing.ShardOf(key, max(len(conf.Shards), 1))
+		return shardkvpb.Error(codes.Aborted, shardkvpb.ReasonResultForgotten,
+			fmt.Sprintf("shard %d: the session no longer remembers this write's result; it may or may not have been applied", s),
+			map[string]string{"config_num": strconv.FormatUint(conf.Num, 10), "shard": strconv.Itoa(s)})
+	}
+	return g.refuse(key, code, needLeader)
+}
+
+// Reason is the shardkvpb reason of a Code that refused an op ("" for OK).
+func (c Code) Reason() string {
+	switch c {
+	case WrongGroup:
+		return shardkvpb.ReasonWrongGroup
+	case NotReady:
+		return shardkvpb.ReasonNotReady
+	case ResultForgotten:
+		return shardkvpb.ReasonResultForgotten
+	}
+	return ""
+}
+
+func invalid(format string, a ...any) error {
+	return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonInvalid, fmt.Sprintf(format, a...), nil)
+}
+
+// internal is a local failure (reading badger); nothing was executed.
+func internal(err error) error {
+	return shardkvpb.Error(codes.Internal, shardkvpb.ReasonNotExecuted, err.Error(), nil)
+}
+
+func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
+	if op == nil {
+		return invalid("missing write op")
+	}
+	if len(op.Key) > g.cfg.MaxKeyBytes {
+		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("key of %d bytes exceeds the limit of %d", len(op.Key), g.cfg.MaxKeyBytes), nil)
+	}
+	if len(op.Value) > g.cfg.MaxValueBytes || len(op.Expect) > g.cfg.MaxValueBytes {
+		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("value of %d bytes exceeds the limit of %d", max(len(op.Value), len(op.Expect)), g.cfg.MaxValueBytes), nil)
+	}
+	if op.Kind > shardkvpb.WriteOp_PERSIST {
+		return invalid("unknown write kind %d", op.Kind)
+	}
+	return nil
+}

@@ -1,0 +1,221 @@
+package shardkv
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+)
+
+// ChunkLimit bounds one FetchShard chunk (and so one InsertChunk entry).
+const ChunkLimit = 256 << 10
+
+// DeleteChunkKeys bounds how many keys one GC entry deletes, so deleting a
+// large shard never stalls the group's other writes.
+const DeleteChunkKeys = 1000
+
+// StreamShard sends shard s's records (values, tombstones and sessions),
+// after the given raw key if resume is set, in chunks of at most ChunkLimit
+// bytes. The shard must be frozen (BePulling) so the view is final.
+func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(*shardkvpb.ShardChunk) error) error {
+	prefix := shardPrefix(s)
+	txn := sm.db.NewTransaction(false)
+	defer txn.Discard()
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
+	defer it.Close()
+	// Count first (keys only, cheap) so the receiver can show progress.
+	var total uint64
+	kit := txn.NewIterator(badger.IteratorOptions{Prefix: append(slices.Clone(prefix), tagData)})
+	for kit.Rewind(); kit.Valid(); kit.Next() {
+		total++
+	}
+	kit.Close()
+	chunk := &shardkvpb.ShardChunk{TotalKeys: total}
+	size := 0
+	it.Rewind()
+	if resume {
+		it.Seek(after)
+		if it.ValidForPrefix(prefix) && bytes.Equal(it.Item().Key(), after) {
+			it.Next()
+		}
+	}
+	for ; it.ValidForPrefix(prefix); it.Next() {
+		k := it.Item().KeyCopy(nil)
+		v, err := it.Item().ValueCopy(nil)
+		if err != nil {
+			return err
+		}
+		if size > 0 && size+len(k)+len(v) > ChunkLimit {
+			if err := send(chunk); err != nil {
+				return err
+			}
+			chunk, size = &shardkvpb.ShardChunk{TotalKeys: total}, 0
+		}
+		chunk.Kvs = append(chunk.Kvs, &shardkvpb.KeyValue{Key: k, Record: v})
+		size += len(k) + len(v)
+	}
+	chunk.Last = true
+	return send(chunk)
+}
+
+// insertChunk installs one chunk of a shard being pulled. Duplicates, stale
+// chunks and chunks for another config are ignored, so the puller may retry
+// freely.
+func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
+	s := int(c.Shard)
+	m := a.meta(s)
+	if m.State != Pulling || m.Config != c.ConfigNum || m.Resumed != c.Resume || !bytes.Equal(m.Resume, c.AfterKey) {
+		return errStaleChunk, nil
+	}
+	prefix := shardPrefix(s)
+	for _, kv := range c.Kvs {
+		if !bytes.HasPrefix(kv.Key, prefix) || len(kv.Key) <= len(prefix) {
+			return fmt.Errorf("chunk key outside shard %d", s), nil
+		}
+		if err := a.set(kv.Key, kv.Record); err != nil {
+			return nil, err
+		}
+		if err := a.indexMoved(s, kv.Key, kv.Record); err != nil {
+			return nil, err
+		}
+		if kv.Key[len(prefix)] == tagData {
+			m.Keys++
+			a.sm.MigratedKeys.Add(1)
+		}
+		m.Bytes += uint64(len(kv.Key) + len(kv.Record))
+		a.sm.MigratedBytes.Add(uint64(len(kv.Key) + len(kv.Record)))
+	}
+	if n := len(c.Kvs); n > 0 {
+		m.Resume, m.Resumed = c.Kvs[n-1].Key, true
+	}
+	if c.TotalKeys > 0 {
+		m.Total = c.TotalKeys
+	}
+	if c.Last {
+		m = ShardMeta{State: Acking, Config: m.Config, Peer: m.Peer, Keys: m.Keys, Bytes: m.Bytes, Total: c.TotalKeys}
+	}
+	return nil, a.setMeta(s, m)
+}
+
+var errStaleChunk = errors.New("stale or duplicate chunk")
+
+// indexMoved rebuilds the expiry and tombstone indexes for a record that
+// arrived with its shard.
+func (a *applyCtx) indexMoved(s int, raw, val []byte) error {
+	tag, rest := raw[3], raw[4:]
+	switch tag {
+	case tagSession:
+		sess, err := decodeSession(val)
+		if err != nil {
+			return err
+		}
+		return a.set(expiryKey(sess.LastNS, s, binary.BigEndian.Uint64(rest)), nil)
+	case tagData:
+		r, err := decodeRecord(val)
+		if err != nil {
+			return err
+		}
+		if r.Tombstone {
+			return a.set(tombstoneKey(s, rest), nil)
+		}
+		if r.ExpireAtMs != 0 {
+			return a.set(expiresKey(r.ExpireAtMs, s, rest), nil)
+		}
+	}
+	return nil
+}
+
+func (a *applyCtx) acked(r *shardkvpb.ShardRef) (any, error) {
+	s := int(r.Shard)
+	m := a.meta(s)
+	if m.State != Acking || m.Config != r.ConfigNum {
+		return nil, nil
+	}
+	return nil, a.setMeta(s, ShardMeta{State: Serving, Config: m.Config})
+}
+
+// startGC: the new owner has the shard; delete the old copy.
+func (a *applyCtx) startGC(r *shardkvpb.ShardRef) (any, error) {
+	s := int(r.Shard)
+	m := a.meta(s)
+	if m.State != BePulling || m.Config != r.ConfigNum {
+		return nil, nil
+	}
+	return nil, a.setMeta(s, ShardMeta{State: GCing, Config: m.Config, Peer: m.Peer})
+}
+
+// deleteChunk deletes up to DeleteChunkKeys keys of a GCing shard, in key
+// order (the same keys on every replica); the last chunk ends the GC.
+func (a *applyCtx) deleteChunk(r *shardkvpb.ShardRef) (any, error) {
+	s := int(r.Shard)
+	m := a.meta(s)
+	if m.State != GCing || m.Config != r.ConfigNum {
+		return nil, nil
+	}
+	prefix := shardPrefix(s)
+	var keys, vals [][]byte
+	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: false})
+	// Start after the previous chunk: from the shard's start, the iterator
+	// would step over the delete markers of every key deleted so far, which
+	// made deleting a shard quadratic (100k keys: 7.6-10 s instead of 5-7).
+	it.Rewind()
+	if m.Resumed {
+		it.Seek(m.Resume)
+	}
+	for ; it.Valid() && len(keys) < DeleteChunkKeys; it.Next() {
+		k := it.Item().KeyCopy(nil)
+		keys = append(keys, k)
+		var v []byte
+		if k[3] == tagSession || k[3] == tagData {
+			var err error
+			if v, err = it.Item().ValueCopy(nil); err != nil {
+				it.Close()
+				return nil, err
+			}
+		}
+		vals = append(vals, v)
+	}
+	more := it.Valid()
+	it.Close()
+	for i, k := range keys {
+		if err := a.del(k); err != nil {
+			return nil, err
+		}
+		if k[3] == tagData {
+			a.sm.GCKeys.Add(1)
+		}
+		switch k[3] {
+		case tagSession:
+			if sess, err := decodeSession(vals[i]); err == nil {
+				if err := a.del(expiryKey(sess.LastNS, s, binary.BigEndian.Uint64(k[4:]))); err != nil {
+					return nil, err
+				}
+			}
+		case tagData:
+			rec, err := decodeRecord(vals[i])
+			if err != nil {
+				break
+			}
+			if rec.Tombstone {
+				err = a.del(tombstoneKey(s, k[4:]))
+			} else if rec.ExpireAtMs != 0 {
+				err = a.del(expiresKey(rec.ExpireAtMs, s, k[4:]))
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	if !more {
+		return nil, a.setMeta(s, ShardMeta{})
+	}
+	if len(keys) > 0 {
+		m.Resume, m.Resumed = keys[len(keys)-1], true
+		return nil, a.setMeta(s, m)
+	}
+	return nil, nil
+}
