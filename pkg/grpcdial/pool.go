@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -94,12 +95,7 @@ func (p *Pool) CloseIdle() []string {
 func (p *Pool) Addrs() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make([]string, 0, len(p.conns))
-	for a := range p.conns {
-		out = append(out, a)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(p.conns))
 }
 
 // Close closes every connection; later Gets fail with ErrClosed.

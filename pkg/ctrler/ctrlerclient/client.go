@@ -1,10 +1,12 @@
 // Package ctrlerclient is the Go client of the shard controller. It depends
-// only on the wire API (pkg/shardkvpb), never on server internals.
+// only on the wire API (pkg/shardkvpb) and pkg/grpcdial, never on server
+// internals.
 //
-// The client follows leader hints, retries on errors that prove a request
-// was not executed, and gives every mutation a client id and sequence number
-// so a retry after an unknown outcome applies at most once. Calls on one
-// Client are serialised; use several Clients for concurrency.
+// The client tries the known leader first and follows leader hints
+// (grpcdial.Caller), retries every error but a refusal, and gives every
+// mutation a client id and sequence number so a retry after an unknown
+// outcome applies at most once. Mutations on one Client are serialised;
+// use several Clients for concurrent ones.
 package ctrlerclient
 
 import (
