@@ -2,13 +2,13 @@ package controllers
 
 import (
 	"context"
-	"fmt"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
 	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
-	"google.golang.org/grpc"
 )
 
 // DataPlane is the reconcilers' only way to reach shardkv: the controller
@@ -44,62 +44,94 @@ type ReplicaAPI interface {
 	TransferLeader(ctx context.Context, to uint64) error
 }
 
-// GRPCDataPlane is the real DataPlane. It caches one connection per
-// address set and closes them on Close.
+// GRPCDataPlane is the real DataPlane. Its connections, to controller and
+// group replicas alike, are one pool keyed by address; the controller
+// clients (leader and sequence numbers) are kept per address set.
+//
+// Pods are replaced and, with DialPodIPs, come back at new addresses, so
+// it forgets what the reconcilers stop asking for: every IdleTimeout, a
+// connection that carried no RPC and was not asked for since the previous
+// sweep is closed (one with a Watch stream open is kept), and so is a
+// controller client not asked for since. The reconcilers ask for every
+// live pod at least once per resync (a minute at most), well within it.
 type GRPCDataPlane struct {
-	mu       sync.Mutex
-	ctrlers  map[string]*ctrlerclient.Client
-	replicas map[string]*grpc.ClientConn
+	pool *grpcdial.Pool
+	// idle is IdleTimeout; now is the clock (a fake in tests).
+	idle time.Duration
+	now  func() time.Time
+
+	mu        sync.Mutex
+	ctrlers   map[string]*ctrlerEntry
+	lastSweep time.Time
 }
+
+type ctrlerEntry struct {
+	c    *ctrlerclient.Client
+	used bool // asked for since the last sweep
+}
+
+// IdleTimeout is how often GRPCDataPlane sweeps: a connection is closed
+// after between one and two of these without use.
+const IdleTimeout = 5 * time.Minute
 
 // NewGRPCDataPlane returns a DataPlane over insecure gRPC.
 func NewGRPCDataPlane() *GRPCDataPlane {
-	return &GRPCDataPlane{ctrlers: map[string]*ctrlerclient.Client{}, replicas: map[string]*grpc.ClientConn{}}
+	return &GRPCDataPlane{pool: grpcdial.NewPool(), idle: IdleTimeout, now: time.Now,
+		ctrlers: map[string]*ctrlerEntry{}, lastSweep: time.Now()}
 }
 
 // Controller implements DataPlane.
 func (d *GRPCDataPlane) Controller(addrs []string) (ControllerAPI, error) {
-	key := fmt.Sprint(addrs)
+	key := strings.Join(addrs, ",")
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if c, ok := d.ctrlers[key]; ok {
-		return c, nil
+	d.sweepLocked()
+	if e, ok := d.ctrlers[key]; ok {
+		e.used = true
+		return e.c, nil
 	}
-	c, err := ctrlerclient.New(addrs)
+	c, err := ctrlerclient.NewWithPool(addrs, d.pool)
 	if err != nil {
 		return nil, err
 	}
-	d.ctrlers[key] = c
+	d.ctrlers[key] = &ctrlerEntry{c: c, used: true}
 	return c, nil
 }
 
 // Replica implements DataPlane.
 func (d *GRPCDataPlane) Replica(addr string) (ReplicaAPI, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	cc, ok := d.replicas[addr]
-	if !ok {
-		var err error
-		if cc, err = grpc.NewClient(grpcdial.Target(addr), grpcdial.Options()...); err != nil {
-			return nil, err
-		}
-		d.replicas[addr] = cc
+	d.sweepLocked()
+	d.mu.Unlock()
+	cc, err := d.pool.Get(addr)
+	if err != nil {
+		return nil, err
 	}
 	return adminClient{shardkvpb.NewAdminClient(cc)}, nil
 }
 
-// Close closes every cached connection.
+// sweepLocked forgets, once per d.idle, what was not used since the last
+// sweep. Dropping a controller client closes nothing: its connections are
+// the pool's.
+func (d *GRPCDataPlane) sweepLocked() {
+	if now := d.now(); now.Sub(d.lastSweep) >= d.idle {
+		d.lastSweep = now
+		d.pool.CloseIdle()
+		for k, e := range d.ctrlers {
+			if !e.used {
+				delete(d.ctrlers, k)
+			}
+			e.used = false
+		}
+	}
+}
+
+// Close closes every connection.
 func (d *GRPCDataPlane) Close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for k, c := range d.ctrlers {
-		c.Close()
-		delete(d.ctrlers, k)
-	}
-	for k, c := range d.replicas {
-		c.Close()
-		delete(d.replicas, k)
-	}
+	d.ctrlers = map[string]*ctrlerEntry{}
+	d.pool.Close()
 }
 
 type adminClient struct{ c shardkvpb.AdminClient }

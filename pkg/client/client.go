@@ -12,7 +12,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -37,26 +36,24 @@ var ErrOutcomeUnknown = errors.New("outcome unknown")
 // Client is safe for concurrent use; concurrent calls pipeline.
 type Client struct {
 	ctrl *ctrlerclient.Client
-	opts []grpc.DialOption
+	pool *grpcdial.Pool   // the controller's and the groups' connections
+	rs   *grpcdial.Caller // the groups' leaders, by gid
 
-	mu      sync.Mutex
-	config  *shardkvpb.Config
-	leaders map[uint64]string
-	conns   map[string]*grpc.ClientConn
+	mu     sync.Mutex
+	config *shardkvpb.Config
 
 	sess sessions
 
-	// AttemptTimeout bounds one RPC attempt (default 2s).
+	// AttemptTimeout bounds one RPC attempt (default 2s; 0: only the
+	// call's context).
 	AttemptTimeout time.Duration
 }
 
 // New returns a client of the cluster whose controller replicas are at
 // ctrlerAddrs.
 func New(ctrlerAddrs []string, opts ...grpc.DialOption) (*Client, error) {
-	if len(opts) == 0 {
-		opts = grpcdial.Options()
-	}
-	ctrl, err := ctrlerclient.New(ctrlerAddrs, opts...)
+	pool := grpcdial.NewPool(opts...)
+	ctrl, err := ctrlerclient.NewWithPool(ctrlerAddrs, pool)
 	if err != nil {
 		return nil, err
 	}
@@ -64,21 +61,16 @@ func New(ctrlerAddrs []string, opts ...grpc.DialOption) (*Client, error) {
 	if _, err := crand.Read(b[:]); err != nil {
 		return nil, err
 	}
-	c := &Client{ctrl: ctrl, opts: opts, leaders: map[uint64]string{}, conns: map[string]*grpc.ClientConn{}, AttemptTimeout: 2 * time.Second}
+	c := &Client{ctrl: ctrl, pool: pool, rs: grpcdial.NewCaller(pool), AttemptTimeout: 2 * time.Second}
 	c.sess.id = binary.BigEndian.Uint64(b[:]) | 1
 	c.sess.inflight = map[uint64]bool{}
 	return c, nil
 }
 
-// Close releases connections.
+// Close releases connections; calls fail afterwards.
 func (c *Client) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, cc := range c.conns {
-		cc.Close()
-	}
-	c.conns = map[string]*grpc.ClientConn{}
-	return c.ctrl.Close()
+	c.ctrl.Close()
+	return c.pool.Close()
 }
 
 // sessions hands out sequence numbers and computes the acknowledgement
@@ -165,41 +157,13 @@ func groupOf(conf *shardkvpb.Config, key []byte) (uint64, []string) {
 	return gid, nil
 }
 
-func (c *Client) conn(addr string) (shardkvpb.KVClient, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	cc, ok := c.conns[addr]
-	if !ok {
-		var err error
-		if cc, err = grpc.NewClient(grpcdial.Target(addr), c.opts...); err != nil {
-			return nil, err
-		}
-		c.conns[addr] = cc
-	}
-	return shardkvpb.NewKVClient(cc), nil
-}
-
-func (c *Client) order(gid uint64, addrs []string) []string {
-	c.mu.Lock()
-	lead := c.leaders[gid]
-	c.mu.Unlock()
-	out := slices.Clone(addrs)
-	if i := slices.Index(out, lead); i > 0 {
-		out[0], out[i] = out[i], out[0]
-	}
-	return out
-}
-
-func (c *Client) setLeader(gid uint64, addr string) {
-	c.mu.Lock()
-	c.leaders[gid] = addr
-	c.mu.Unlock()
-}
-
 // call routes key to its group and runs f on the group's replicas until f
-// succeeds, fails for good, or ctx ends. mutation marks calls whose outcome
-// may be unknown on a transport error (they are retried: the session makes
-// the retry exactly-once).
+// succeeds, fails for good, or ctx ends. f runs again (on another replica,
+// or after a backoff) after every error that is not final, including those
+// that leave its outcome unknown (an attempt timeout, a lost connection,
+// OUTCOME_UNKNOWN): a read may repeat, and a write stays exactly-once
+// because every try carries the same session sequence number. When ctx
+// ends first, write reports ErrOutcomeUnknown.
 func (c *Client) call(ctx context.Context, key []byte, f func(context.Context, shardkvpb.KVClient) error) error {
 	return c.callGroup(ctx, key, false, f)
 }
@@ -210,34 +174,26 @@ var errReroute = errors.New("keys moved to another group")
 // callGroup is call; with batch set, a WRONG_GROUP answer returns
 // errReroute instead of retrying the same keys (they may now span groups).
 func (c *Client) callGroup(ctx context.Context, key []byte, batch bool, f func(context.Context, shardkvpb.KVClient) error) error {
-	delay := 10 * time.Millisecond
+	backoff := grpcdial.Backoff{Base: 10 * time.Millisecond, Max: time.Second}
+	opts := grpcdial.CallOptions{AttemptTimeout: c.AttemptTimeout, Final: endsRound}
+	attempt := func(ctx context.Context, _ string, cc *grpc.ClientConn) error {
+		return f(ctx, shardkvpb.NewKVClient(cc))
+	}
 	var last error
 	for {
 		conf, err := c.currentConfig(ctx)
 		if err != nil {
 			return err
 		}
-		gid, addrs := groupOf(conf, key)
-		if gid == 0 || len(addrs) == 0 {
+		refresh := false
+		if gid, addrs := groupOf(conf, key); gid == 0 || len(addrs) == 0 {
 			last = fmt.Errorf("no group serves key %q in config %d", key, conf.Num)
 			if _, err := c.refresh(ctx, conf.Num+1); err != nil {
 				last = err
 			}
-		}
-		refresh := false
-		for _, addr := range c.order(gid, addrs) {
-			cl, err := c.conn(addr)
-			if err != nil {
-				last = err
-				continue
-			}
-			actx, cancel := context.WithTimeout(ctx, c.AttemptTimeout)
-			err = f(actx, cl)
-			cancel()
-			if err == nil {
-				c.setLeader(gid, addr)
-				return nil
-			}
+		} else if err := c.rs.Round(ctx, gid, addrs, opts, attempt); err == nil {
+			return nil
+		} else {
 			last = err
 			switch shardkvpb.Reason(err) {
 			case shardkvpb.ReasonWrongGroup:
@@ -246,16 +202,9 @@ func (c *Client) callGroup(ctx context.Context, key []byte, batch bool, f func(c
 				return err
 			case shardkvpb.ReasonResultForgotten:
 				return fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)
-			case shardkvpb.ReasonNotLeader:
-				if _, hint, ok := shardkvpb.LeaderHint(err); ok && hint != "" {
-					c.setLeader(gid, hint)
-				}
 			}
-			if refresh || shardkvpb.Reason(err) == shardkvpb.ReasonNotReady {
-				break
-			}
-			if ctx.Err() != nil {
-				break
+			if errors.Is(err, grpcdial.ErrClosed) {
+				return err
 			}
 		}
 		if ctx.Err() != nil {
@@ -268,13 +217,23 @@ func (c *Client) callGroup(ctx context.Context, key []byte, batch bool, f func(c
 				return errReroute
 			}
 		}
-		select {
-		case <-ctx.Done():
+		if backoff.Wait(ctx) != nil {
 			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
-		case <-time.After(delay/2 + rand.N(delay/2+1)):
 		}
-		delay = min(2*delay, time.Second)
 	}
+}
+
+// endsRound: errors after which the group's other replicas are not tried
+// in this round. WRONG_GROUP and NOT_READY are the group's, not the
+// replica's answer (the config is refreshed, or the shard awaited, before
+// the next round); the others end the call.
+func endsRound(err error) bool {
+	switch shardkvpb.Reason(err) {
+	case shardkvpb.ReasonWrongGroup, shardkvpb.ReasonNotReady,
+		shardkvpb.ReasonInvalid, shardkvpb.ReasonTooLarge, shardkvpb.ReasonResultForgotten:
+		return true
+	}
+	return false
 }
 
 // --- data API ---

@@ -1,5 +1,7 @@
 // Package grpcdial is how every shardkv component dials a replica: the
-// target form and the reconnect settings, in one place.
+// target form and the reconnect settings (this file), a connection pool
+// keyed by address (Pool), and a leader-first caller of a group's replicas
+// that follows NOT_LEADER hints and backs off between rounds (Caller).
 //
 // Replicas are named by stable DNS names (on Kubernetes, per-pod names of a
 // StatefulSet) whose IP changes when a pod is replaced. gRPC's default "dns"

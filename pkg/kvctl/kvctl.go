@@ -16,7 +16,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -28,7 +27,6 @@ import (
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
 	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
-	"google.golang.org/grpc"
 )
 
 // Exit codes.
@@ -159,27 +157,12 @@ type silentExit struct{ code int }
 
 func (e *silentExit) Error() string { return fmt.Sprintf("exit %d", e.code) }
 
-var (
-	rpcPrefix = regexp.MustCompile(`rpc error: code = \w+ desc = `)
-	dialError = regexp.MustCompile(`connection error: desc = "transport: (?:Error while dialing: )?([^"]*)"`)
-)
-
 // clean drops gRPC's wrappers from an error text and keeps it on one line.
-func clean(s string) string {
-	s = dialError.ReplaceAllString(s, "$1")
-	s = rpcPrefix.ReplaceAllString(s, "")
-	return strings.ReplaceAll(s, "\n", "; ")
-}
+func clean(s string) string { return client.CleanErrorText(s) }
 
 // oneLine renders err as a single readable line: gRPC wrappers are dropped
 // and the controller's refusals print its own message.
-func oneLine(err error) string {
-	s := clean(err.Error())
-	if ctrlerclient.IsRefused(err) && !strings.Contains(s, "refused") && !strings.Contains(s, "(last error") {
-		s = "refused: " + s
-	}
-	return s
-}
+func oneLine(err error) string { return client.ErrorLine(err) }
 
 // lastError is the innermost "last error" of a retry loop that ran out of
 // time (the clients wrap it as "...: context deadline exceeded (last error:
@@ -209,16 +192,17 @@ type kvctl struct {
 	ctrlerAddrs  []string
 	ctrlerSource string // where the addresses came from, for error messages
 
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
-	ctrl  *ctrlerclient.Client
-	data  *client.Client
+	pool *grpcdial.Pool // connections to single replicas
+
+	mu   sync.Mutex
+	ctrl *ctrlerclient.Client
+	data *client.Client
 }
 
 // Run runs kvctl with args (without the program name) and returns the exit
 // code.
 func Run(args []string, stdout, stderr io.Writer) int {
-	k := &kvctl{stdout: stdout, stderr: stderr, conns: map[string]*grpc.ClientConn{}}
+	k := &kvctl{stdout: stdout, stderr: stderr, pool: grpcdial.NewPool()}
 	defer k.close()
 
 	gfs := flag.NewFlagSet("kvctl", flag.ContinueOnError)
@@ -324,9 +308,7 @@ func (k *kvctl) fail(err error) int {
 func (k *kvctl) close() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for _, cc := range k.conns {
-		cc.Close()
-	}
+	k.pool.Close()
 	if k.ctrl != nil {
 		k.ctrl.Close()
 	}
@@ -535,22 +517,8 @@ func (k *kvctl) dataClient() (*client.Client, error) {
 	return k.data, nil
 }
 
-func (k *kvctl) conn(addr string) (*grpc.ClientConn, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if cc, ok := k.conns[addr]; ok {
-		return cc, nil
-	}
-	cc, err := grpc.NewClient(grpcdial.Target(addr), grpcdial.Options()...)
-	if err != nil {
-		return nil, err
-	}
-	k.conns[addr] = cc
-	return cc, nil
-}
-
 func (k *kvctl) admin(addr string) (shardkvpb.AdminClient, error) {
-	cc, err := k.conn(addr)
+	cc, err := k.pool.Get(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -558,7 +526,7 @@ func (k *kvctl) admin(addr string) (shardkvpb.AdminClient, error) {
 }
 
 func (k *kvctl) kv(addr string) (shardkvpb.KVClient, error) {
-	cc, err := k.conn(addr)
+	cc, err := k.pool.Get(addr)
 	if err != nil {
 		return nil, err
 	}

@@ -609,6 +609,32 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("bench --json: %+v", b)
 		}
 	})
+
+	// The command end to end (pkg/workload tests the workload itself):
+	// the check's result on stdout, the progress on stderr, the exit code.
+	t.Run("workload", func(t *testing.T) {
+		r := mustRun(t, c, "--json", "workload", "--clients=3", "--keys=6", "--rate=0", "--duration=1500ms", "--check", "--listen=")
+		type result struct {
+			Linearizable bool   `json:"linearizable"`
+			CheckResult  string `json:"checkResult"`
+			Keys         int    `json:"keys"`
+			OK           int    `json:"ok"`
+		}
+		if res := decode[result](t, r); !res.Linearizable || res.CheckResult != "ok" || res.Keys != 6 || res.OK == 0 {
+			t.Fatalf("workload --check --json: %s", r.out)
+		}
+		if !strings.Contains(r.err, "protocol grpc, controller "+ctrl) || !strings.Contains(r.err, "stopped: ") {
+			t.Fatalf("workload stderr:\n%s", r.err)
+		}
+		if r := mustRun(t, c, "workload", "--clients=2", "--keys=2", "--duration=500ms", "--check", "--listen="); !strings.HasPrefix(r.out, "ok: ") {
+			t.Fatalf("workload --check: %s", r)
+		}
+		mustRun(t, c, "put", "wl-taken-0", "x")
+		r = expectCode(t, kvctl.ExitError, c, "workload", "--prefix=taken", "--duration=2s", "--check", "--listen=")
+		if !strings.Contains(r.err, "already has a value") {
+			t.Fatalf("workload on a taken key: %s", r)
+		}
+	})
 }
 
 type membershipOut struct {

@@ -12,7 +12,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -291,59 +293,33 @@ func (k *kvctl) leaderCall(ctx context.Context, t *target, call func(context.Con
 			order = append(order, a)
 		}
 	}
-	backoff := 50 * time.Millisecond
-	var last error
 	notExecuted := 0
-	for {
-		tried := map[string]bool{}
-		for i := 0; i < len(order); i++ {
-			addr := order[i]
-			if tried[addr] {
-				continue
-			}
-			tried[addr] = true
-			cl, err := k.admin(addr)
-			if err != nil {
-				last = err
-				continue
-			}
-			err = call(ctx, cl)
-			if err == nil {
-				return addr, nil
-			}
-			last = fmt.Errorf("%s: %w", addr, err)
-			if _, hint, ok := shardkvpb.LeaderHint(err); ok && hint != "" {
-				if !tried[hint] {
-					order = slices.Insert(slices.DeleteFunc(order, func(a string) bool { return a == hint }), min(i+1, len(order)), hint)
-				}
-				continue
-			}
-			if !retryable(err) {
-				return addr, err
-			}
-			// NOT_EXECUTED also carries refusals that will not change
-			// (removing the leader, promoting a voter): give up after a
-			// few tries and show the replica's reason.
-			if shardkvpb.Reason(err) == shardkvpb.ReasonNotExecuted {
-				if notExecuted++; notExecuted >= maxNotExecuted {
-					return addr, err
-				}
-			}
-			if ctx.Err() != nil {
-				break
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("no leader of %s took the request within %v (last error: %s)", t.desc, k.timeout, oneLine(last))
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, time.Second)
+	opts := grpcdial.CallOptions{
+		Backoff: grpcdial.Backoff{Base: 50 * time.Millisecond, Max: time.Second},
+		// NOT_EXECUTED also carries refusals that will not change
+		// (removing the leader, promoting a voter): give up after a few
+		// tries and show the replica's reason.
+		Final: func(err error) bool {
+			return !retryable(err) || shardkvpb.Reason(err) == shardkvpb.ReasonNotExecuted && notExecuted >= maxNotExecuted
+		},
 	}
+	var at string // the replica of the last attempt
+	err := grpcdial.NewCaller(k.pool).Call(ctx, 0, order, opts, func(ctx context.Context, addr string, cc *grpc.ClientConn) error {
+		at = addr
+		err := call(ctx, shardkvpb.NewAdminClient(cc))
+		if shardkvpb.Reason(err) == shardkvpb.ReasonNotExecuted {
+			notExecuted++
+		}
+		return err
+	})
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return "", fmt.Errorf("no leader of %s took the request within %v (last error: %s: %s)", t.desc, k.timeout, at, lastError(err))
+	}
+	return at, err
 }
 
 // maxNotExecuted bounds the retries of a membership call its leader
-// answered NOT_EXECUTED (about 1.5 s with the backoff).
+// answered NOT_EXECUTED (about a second with the backoff).
 const maxNotExecuted = 5
 
 func retryable(err error) bool {

@@ -1,77 +1,14 @@
 package kvctl
 
 import (
-	"bufio"
 	"bytes"
-	"context"
-	"encoding/json"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"os"
-	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/shardkv/shardkv/pkg/kvcheck"
-	"github.com/shardkv/shardkv/pkg/raftgroup/rgtest"
-	"github.com/shardkv/shardkv/pkg/resp"
-	"github.com/shardkv/shardkv/pkg/shardkv"
-	"github.com/shardkv/shardkv/pkg/shardkv/kvtest"
+	"github.com/shardkv/shardkv/pkg/workload"
 )
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func httpGet(t *testing.T, method, url string) (int, []byte) {
-	t.Helper()
-	req, err := http.NewRequest(method, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	return resp.StatusCode, b
-}
-
-func getStatus(t *testing.T, base string) kvcheck.Status {
-	t.Helper()
-	code, b := httpGet(t, "GET", base+"/status")
-	var s kvcheck.Status
-	if code != http.StatusOK {
-		t.Fatalf("/status: %d %s", code, b)
-	}
-	if err := json.Unmarshal(b, &s); err != nil {
-		t.Fatalf("/status: %v: %s", err, b)
-	}
-	return s
-}
 
 func TestWorkloadUsage(t *testing.T) {
 	t.Setenv(EnvCtrler, "127.0.0.1:1")
@@ -92,340 +29,52 @@ func TestWorkloadUsage(t *testing.T) {
 	}
 }
 
-func TestWorkload(t *testing.T) {
-	w := kvtest.New(t, kvtest.Options{Shards: 16})
-	for gid := uint64(1); gid <= 3; gid++ {
-		w.StartGroup(gid)
-	}
-	w.Join(1, 2)
-	w.WaitSettled(30 * time.Second)
-	ctrl := w.CtrlerAddrs()
-
-	t.Run("http", func(t *testing.T) {
-		var log syncBuffer
-		wl, err := newWorkload(workloadConfig{ctrler: ctrl, clients: 4, keys: 8, prefix: defaultWorkloadPrefix(),
-			opTimeout: 5 * time.Second, rate: 100}, &log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		runHTTPWorkload(t, w, wl, &log)
-	})
-
-	t.Run("check", func(t *testing.T) {
-		// Lost requests and replies, a group down for a while, and an op
-		// timeout shorter than a lost call's attempt: some writes end with
-		// an unknown outcome, some gets fail.
-		w.Faults.Set(0.1, 0.1, 20*time.Millisecond)
-		defer w.Faults.Set(0, 0, 0)
+// TestWorkloadFlags: the command line becomes the workload's Config and
+// RunOptions (the workload itself is tested in pkg/workload, the whole
+// command in TestCluster).
+func TestWorkloadFlags(t *testing.T) {
+	t.Setenv(EnvCtrler, "127.0.0.1:1,127.0.0.1:2")
+	t.Setenv(EnvRedisPassword, "from-env")
+	parse := func(args ...string) *workloadArgs {
+		t.Helper()
 		var out, errb bytes.Buffer
-		args := []string{"workload", "--ctrler=" + strings.Join(ctrl, ","), "--clients=3", "--keys=6", "--rate=0",
-			"--op-timeout=400ms", "--duration=4s", "--check", "--listen=", "--json"}
-		code := make(chan int, 1)
-		go func() { code <- Run(args, &out, &errb) }()
-		time.Sleep(1500 * time.Millisecond)
-		w.StopGroup(2)
-		time.Sleep(time.Second)
-		w.RestartGroup(2)
-		if c := <-code; c != ExitOK {
-			t.Fatalf("kvctl %q: exit %d\nstdout:\n%s\nstderr:\n%s", args, c, out.String(), errb.String())
-		}
-		var res kvcheck.Result
-		if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-			t.Fatalf("%v: %s", err, out.String())
-		}
-		t.Logf("%+v", res)
-		if !res.Linearizable || res.CheckResult != kvcheck.ResultOK || res.OK == 0 || res.Keys != 6 {
-			t.Fatalf("result: %+v", res)
-		}
-		w.Faults.Set(0, 0, 0)
-		// A key that already has a value: the run refuses to start.
-		cl := w.Client()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := cl.Put(ctx, "wl-taken-0", "x"); err != nil {
-			t.Fatal(err)
-		}
-		out.Reset()
-		errb.Reset()
-		args = []string{"workload", "--ctrler=" + strings.Join(ctrl, ","), "--prefix=taken", "--duration=2s", "--check", "--listen="}
-		if code := Run(args, &out, &errb); code != ExitError || !strings.Contains(errb.String(), "already has a value") {
-			t.Fatalf("kvctl %q: exit %d\nstdout:\n%s\nstderr:\n%s", args, code, out.String(), errb.String())
-		}
-	})
-}
-
-// runHTTPWorkload runs wl for about 3 s with group 3 joining after 1 s,
-// stops it with POST /stop, and checks the HTTP API and the history.
-func runHTTPWorkload(t *testing.T, w *kvtest.World, wl *workload, log *syncBuffer) {
-	t.Helper()
-	defer wl.close()
-	wl.progressEvery = time.Second
-	addr, err := wl.serve("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := "http://" + addr.String()
-	if code, b := httpGet(t, "GET", base+"/healthz"); code != http.StatusOK {
-		t.Fatalf("/healthz: %d %s", code, b)
-	}
-	wl.start()
-	start := time.Now()
-
-	// Moves shards to group 3 while the clients run.
-	time.Sleep(time.Second)
-	w.Join(3)
-	for {
-		s := getStatus(t, base)
-		if s.Phase == phaseRunning && s.Running && s.OK > 0 && time.Since(start) > 3*time.Second {
-			if s.Clients != len(wl.cls) || len(s.Keys) != len(wl.keys) || s.UptimeSeconds <= 0 || s.OKPerSecondRecent <= 0 {
-				t.Fatalf("status: %+v", s)
-			}
-			break
-		}
-		if time.Since(start) > 10*time.Second {
-			t.Fatalf("no progress: %+v\nlog:\n%s", s, log.String())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if code, b := httpGet(t, "GET", base+"/history"); code != http.StatusConflict || !strings.Contains(string(b), "POST /stop") {
-		t.Fatalf("/history while running: %d %s", code, b)
-	}
-
-	code, b := httpGet(t, "POST", base+"/stop")
-	if code != http.StatusOK {
-		t.Fatalf("/stop: %d %s", code, b)
-	}
-	var h kvcheck.History
-	if err := json.Unmarshal(b, &h); err != nil {
-		t.Fatalf("/stop: %v", err)
-	}
-	// Fetched again: the same history.
-	code, b2 := httpGet(t, "GET", base+"/history")
-	if code != http.StatusOK || !bytes.Equal(b, b2) {
-		t.Fatalf("/history after stop: %d, %d bytes (want %d)", code, len(b2), len(b))
-	}
-	if _, b3 := httpGet(t, "GET", base+"/stop"); !bytes.Equal(b, b3) {
-		t.Fatalf("second /stop: %d bytes (want %d)", len(b3), len(b))
-	}
-	if s := getStatus(t, base); s.Phase != phaseStopped || s.Running || s.InFlight != 0 || s.Ops != h.Stats.Ops {
-		t.Fatalf("status after stop: %+v (history stats %+v)", s, h.Stats)
-	}
-	if int64(len(h.Ops)) != h.Stats.Ops || h.Stats.InFlight != 0 || !h.Stopped.After(h.Started) {
-		t.Fatalf("history: %d ops, stats %+v", len(h.Ops), h.Stats)
-	}
-
-	res, err := kvcheck.Check(h.Ops, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%s", res)
-	if !res.Linearizable {
-		viz := filepath.Join(os.TempDir(), fmt.Sprintf("kvctl-workload-%d.html", time.Now().UnixNano()))
-		if err := res.VisualizePath(viz); err != nil {
-			viz = err.Error()
-		}
-		t.Fatalf("not linearizable: %s\nvisualization: %s\nlog:\n%s", res, viz, log.String())
-	}
-	// The machine may be slow and busy (2 cores, -race): ~50 ok/s
-	// over 3 s with a migration is typical there.
-	if res.OK < 40 || res.OKGets < 10 || res.OKWrites < 10 {
-		t.Fatalf("too few operations succeeded: %s\nlog:\n%s", res, log.String())
-	}
-	if lg := log.String(); !strings.Contains(lg, fmt.Sprintf("running: %d clients", len(wl.cls))) ||
-		!strings.Contains(lg, " ok (") || !strings.Contains(lg, "stopped: ") {
-		t.Fatalf("log:\n%s", lg)
-	}
-}
-
-// TestWorkloadRedis runs the workload over the Redis Cluster protocol:
-// every data-group replica serves RESP, with a password.
-func TestWorkloadRedis(t *testing.T) {
-	const password = "wl-secret"
-	w := kvtest.New(t, kvtest.Options{Shards: 16,
-		RESP: func(addr string, g *shardkv.Group) func() {
-			ln, err := net.Listen("tcp", addr)
-			if err != nil {
-				t.Errorf("listen %s: %v", addr, err)
-				return func() {}
-			}
-			s := resp.New(resp.Config{Password: password, Logger: rgtest.Logger()}, g)
-			go s.Serve(ln)
-			return func() { s.Close() }
-		}})
-	for gid := uint64(1); gid <= 3; gid++ {
-		w.StartGroup(gid)
-	}
-	w.Join(1, 2)
-	w.WaitSettled(30 * time.Second)
-	// Seeds: group 1's replicas; the clients learn the others from them.
-	var seeds []string
-	for _, id := range w.Groups[1].IDs() {
-		seeds = append(seeds, w.RESPAddr(1, id))
-	}
-	// No controller: Redis mode does not need one.
-	t.Setenv(EnvCtrler, "")
-	t.Setenv("HOME", t.TempDir())
-
-	t.Run("http", func(t *testing.T) {
-		var log syncBuffer
-		wl, err := newWorkload(workloadConfig{redis: seeds, redisPass: password, clients: 4, keys: 8,
-			prefix: defaultWorkloadPrefix(), opTimeout: 5 * time.Second, rate: 100}, &log)
+		k := &kvctl{stdout: &out, stderr: &errb}
+		w, err := parseWorkload(k, args)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%q: %v", args, err)
 		}
-		runHTTPWorkload(t, w, wl, &log)
-	})
-
-	t.Run("cli", func(t *testing.T) {
-		t.Setenv(EnvRedisPassword, password)
-		var out, errb bytes.Buffer
-		args := []string{"workload", "--redis=" + strings.Join(seeds, ","), "--clients=3", "--keys=6",
-			"--duration=2s", "--check", "--listen=", "--json"}
-		if c := Run(args, &out, &errb); c != ExitOK {
-			t.Fatalf("kvctl %q: exit %d\nstdout:\n%s\nstderr:\n%s", args, c, out.String(), errb.String())
-		}
-		if !strings.Contains(errb.String(), "protocol redis, seeds "+strings.Join(seeds, ",")) {
-			t.Fatalf("stderr:\n%s", errb.String())
-		}
-		var res kvcheck.Result
-		if err := json.Unmarshal(out.Bytes(), &res); err != nil {
-			t.Fatalf("%v: %s", err, out.String())
-		}
-		if !res.Linearizable || res.CheckResult != kvcheck.ResultOK || res.OK == 0 || res.Keys != 6 {
-			t.Fatalf("result: %+v", res)
-		}
-
-		// A wrong password (the flag overrides the environment) ends the
-		// run at once.
-		out.Reset()
-		errb.Reset()
-		args = []string{"workload", "--redis=" + seeds[0], "--redis-password=wrong", "--duration=5s", "--listen="}
-		start := time.Now()
-		if c := Run(args, &out, &errb); c != ExitError || !strings.Contains(errb.String(), "WRONGPASS") {
-			t.Fatalf("kvctl %q: exit %d\nstdout:\n%s\nstderr:\n%s", args, c, out.String(), errb.String())
-		}
-		if d := time.Since(start); d > 3*time.Second {
-			t.Fatalf("wrong password: exit after %v", d)
-		}
-
-		// A key that already has a value: the run refuses to start.
-		cl := newRedisKV(seeds, password, 5*time.Second)
-		defer cl.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := cl.Put(ctx, "wl-rtaken-0", "x"); err != nil {
-			t.Fatal(err)
-		}
-		out.Reset()
-		errb.Reset()
-		args = []string{"workload", "--redis=" + seeds[0], "--prefix=rtaken", "--duration=2s", "--listen="}
-		if c := Run(args, &out, &errb); c != ExitError || !strings.Contains(errb.String(), "already has a value") {
-			t.Fatalf("kvctl %q: exit %d\nstdout:\n%s\nstderr:\n%s", args, c, out.String(), errb.String())
-		}
-	})
-}
-
-// fakeRedis is a Redis Cluster of one node that drops the connection on
-// every GET, SET and APPEND without answering, counting them.
-type fakeRedis struct {
-	ln   net.Listener
-	mu   sync.Mutex
-	seen map[string]int
-}
-
-func newFakeRedis(t *testing.T) *fakeRedis {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+		return w
 	}
-	f := &fakeRedis{ln: ln, seen: map[string]int{}}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go f.serve(c)
-		}
-	}()
-	return f
-}
 
-func (f *fakeRedis) count(cmd string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.seen[cmd]
-}
+	w := parse()
+	want := workload.Config{Ctrler: []string{"127.0.0.1:1", "127.0.0.1:2"}, Clients: 8, Keys: 16,
+		OpTimeout: 10 * time.Second, Rate: 50}
+	if !slices.Equal(w.cfg.Ctrler, want.Ctrler) || w.cfg.Redis != nil || w.cfg.RedisPassword != "" ||
+		w.cfg.Clients != want.Clients || w.cfg.Keys != want.Keys || w.cfg.OpTimeout != want.OpTimeout || w.cfg.Rate != want.Rate ||
+		w.run != (workload.RunOptions{Listen: ":8090", CheckTimeout: 5 * time.Minute}) || w.viz != "" {
+		t.Fatalf("defaults: %+v", w)
+	}
+	if w.cfg.Prefix == "" {
+		t.Fatal("no default prefix")
+	}
 
-func (f *fakeRedis) serve(c net.Conn) {
-	defer c.Close()
-	rd := bufio.NewReader(c)
-	host, port, _ := net.SplitHostPort(f.ln.Addr().String())
-	for {
-		// A request is an array of bulk strings.
-		line, err := rd.ReadString('\n')
-		if err != nil || !strings.HasPrefix(line, "*") {
-			return
-		}
-		n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
-		var args []string
-		for range n {
-			if _, err := rd.ReadString('\n'); err != nil { // $len
-				return
-			}
-			a, err := rd.ReadString('\n')
-			if err != nil {
-				return
-			}
-			args = append(args, strings.TrimSpace(a))
-		}
-		cmd := strings.ToLower(args[0])
-		f.mu.Lock()
-		f.seen[cmd]++
-		f.mu.Unlock()
-		var reply string
-		switch cmd {
-		case "get", "set", "append":
-			return
-		case "hello":
-			reply = "-NOPROTO unsupported protocol version\r\n"
-		case "cluster":
-			reply = fmt.Sprintf("*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$%d\r\n%s\r\n:%s\r\n", len(host), host, port)
-		case "command":
-			reply = "*3\r\n"
-			for _, c := range []string{"get", "set", "append"} {
-				reply += fmt.Sprintf("*6\r\n$%d\r\n%s\r\n:-2\r\n*0\r\n:1\r\n:1\r\n:1\r\n", len(c), c)
-			}
-		default:
-			reply = "+OK\r\n"
-		}
-		if _, err := io.WriteString(c, reply); err != nil {
-			return
-		}
+	w = parse("--clients=3", "--keys=6", "--prefix=p", "--rate=0", "--op-timeout=400ms", "--duration=4s",
+		"--check", "--check-timeout=1m", "--viz=/tmp/v.html", "--listen=")
+	if w.cfg.Clients != 3 || w.cfg.Keys != 6 || w.cfg.Prefix != "p" || w.cfg.Rate != 0 || w.cfg.OpTimeout != 400*time.Millisecond ||
+		w.run != (workload.RunOptions{Duration: 4 * time.Second, Check: true, CheckTimeout: time.Minute}) || w.viz != "/tmp/v.html" {
+		t.Fatalf("flags: %+v", w)
 	}
-}
 
-// TestRedisKVNoResend: a write whose connection breaks is not resent (it
-// may have been applied); a get is.
-func TestRedisKVNoResend(t *testing.T) {
-	f := newFakeRedis(t)
-	c := newRedisKV([]string{f.ln.Addr().String()}, "", 5*time.Second)
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := c.Append(ctx, "k", "v"); err == nil || !strings.Contains(err.Error(), "not resent") {
-		t.Fatalf("append: %v", err)
+	// Redis: seeds trimmed, no controller, the password from the
+	// environment unless the flag is given (even empty).
+	w = parse("--redis= a:1, b:2 ,")
+	if !slices.Equal(w.cfg.Redis, []string{"a:1", "b:2"}) || w.cfg.Ctrler != nil || w.cfg.RedisPassword != "from-env" {
+		t.Fatalf("--redis: %+v", w.cfg)
 	}
-	if err := c.Put(ctx, "k", "v"); err == nil || !strings.Contains(err.Error(), "not resent") {
-		t.Fatalf("put: %v", err)
+	if w = parse("--redis=a:1", "--redis-password=flag"); w.cfg.RedisPassword != "flag" {
+		t.Fatalf("--redis-password: %q", w.cfg.RedisPassword)
 	}
-	gctx, gcancel := context.WithTimeout(ctx, time.Second)
-	defer gcancel()
-	if _, err := c.Get(gctx, "k"); err == nil {
-		t.Fatal("get: no error")
-	}
-	if a, s, g := f.count("append"), f.count("set"), f.count("get"); a != 1 || s != 1 || g < 2 {
-		t.Fatalf("append sent %d times, set %d, get %d (want 1, 1, >1)", a, s, g)
+	if w = parse("--redis=a:1", "--redis-password="); w.cfg.RedisPassword != "" {
+		t.Fatalf("--redis-password=: %q", w.cfg.RedisPassword)
 	}
 }

@@ -1,10 +1,12 @@
 // Package ctrlerclient is the Go client of the shard controller. It depends
-// only on the wire API (pkg/shardkvpb), never on server internals.
+// only on the wire API (pkg/shardkvpb) and pkg/grpcdial, never on server
+// internals.
 //
-// The client follows leader hints, retries on errors that prove a request
-// was not executed, and gives every mutation a client id and sequence number
-// so a retry after an unknown outcome applies at most once. Calls on one
-// Client are serialised; use several Clients for concurrency.
+// The client tries the known leader first and follows leader hints
+// (grpcdial.Caller), retries every error but a refusal, and gives every
+// mutation a client id and sequence number so a retry after an unknown
+// outcome applies at most once. Mutations on one Client are serialised;
+// use several Clients for concurrent ones.
 package ctrlerclient
 
 import (
@@ -14,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -29,133 +30,69 @@ import (
 // Client talks to a controller group.
 type Client struct {
 	addrs []string
-	opts  []grpc.DialOption
+	pool  *grpcdial.Pool
+	owned bool // Close closes pool
+	rs    *grpcdial.Caller
 
 	mu       sync.Mutex // serialises mutations (sequence numbers)
 	clientID uint64
 	seq      uint64
-
-	cmu    sync.Mutex
-	conns  map[string]*grpc.ClientConn
-	leader string
 }
 
-// New returns a client for the controller replicas at addrs (gRPC host:port).
+// New returns a client for the controller replicas at addrs (gRPC
+// host:port), with its own connections.
 func New(addrs []string, opts ...grpc.DialOption) (*Client, error) {
+	return newClient(addrs, grpcdial.NewPool(opts...), true)
+}
+
+// NewWithPool returns a client for the controller replicas at addrs that
+// dials through pool, which Close leaves open.
+func NewWithPool(addrs []string, pool *grpcdial.Pool) (*Client, error) {
+	return newClient(addrs, pool, false)
+}
+
+func newClient(addrs []string, pool *grpcdial.Pool, owned bool) (*Client, error) {
 	if len(addrs) == 0 {
+		if owned {
+			pool.Close()
+		}
 		return nil, errors.New("ctrlerclient: no controller addresses")
-	}
-	if len(opts) == 0 {
-		opts = grpcdial.Options()
 	}
 	var b [8]byte
 	if _, err := crand.Read(b[:]); err != nil {
 		return nil, err
 	}
-	return &Client{addrs: slices.Clone(addrs), opts: opts, clientID: binary.BigEndian.Uint64(b[:]) | 1, conns: map[string]*grpc.ClientConn{}}, nil
+	return &Client{addrs: slices.Clone(addrs), pool: pool, owned: owned, rs: grpcdial.NewCaller(pool),
+		clientID: binary.BigEndian.Uint64(b[:]) | 1}, nil
 }
 
-// Close closes all connections.
+// Close closes the client's connections (not those of a shared pool).
 func (c *Client) Close() error {
-	c.cmu.Lock()
-	defer c.cmu.Unlock()
-	for _, cc := range c.conns {
-		cc.Close()
+	if c.owned {
+		return c.pool.Close()
 	}
-	c.conns = map[string]*grpc.ClientConn{}
 	return nil
-}
-
-func (c *Client) conn(addr string) (shardkvpb.ControllerClient, error) {
-	c.cmu.Lock()
-	defer c.cmu.Unlock()
-	cc, ok := c.conns[addr]
-	if !ok {
-		var err error
-		if cc, err = grpc.NewClient(grpcdial.Target(addr), c.opts...); err != nil {
-			return nil, err
-		}
-		c.conns[addr] = cc
-	}
-	return shardkvpb.NewControllerClient(cc), nil
-}
-
-// order returns the addresses to try: the known leader first.
-func (c *Client) order() []string {
-	c.cmu.Lock()
-	defer c.cmu.Unlock()
-	out := make([]string, 0, len(c.addrs)+1)
-	if c.leader != "" {
-		out = append(out, c.leader)
-	}
-	for _, a := range c.addrs {
-		if a != c.leader {
-			out = append(out, a)
-		}
-	}
-	return out
-}
-
-func (c *Client) setLeader(addr string) {
-	c.cmu.Lock()
-	c.leader = addr
-	c.cmu.Unlock()
 }
 
 // IsRefused reports whether err is a refusal of bad input (the config is
 // unchanged and retrying will not help).
 func IsRefused(err error) bool { return shardkvpb.Reason(err) == shardkvpb.ReasonInvalid }
 
-// do runs call against the controller until it succeeds, fails for good, or
-// ctx ends. idempotent calls (reads, and mutations carrying a sequence
-// number) are retried on any transient error, including unknown outcomes.
+// do runs call against the controller, the leader first, until it
+// succeeds, is refused, or ctx ends. Every other error is retried (on the
+// next replica, then after a backoff), unknown outcomes included: calls
+// are reads, or mutations whose sequence number makes a resend apply at
+// most once.
 func (c *Client) do(ctx context.Context, call func(context.Context, shardkvpb.ControllerClient) error) error {
-	backoff := 20 * time.Millisecond
-	var last error
-	for {
-		for _, addr := range c.order() {
-			cl, err := c.conn(addr)
-			if err != nil {
-				last = err
-				continue
-			}
-			actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err = call(actx, cl)
-			cancel()
-			if err == nil {
-				c.setLeader(addr)
-				return nil
-			}
-			last = err
-			if IsRefused(err) {
-				return err
-			}
-			if _, hint, ok := shardkvpb.LeaderHint(err); ok && hint != "" && hint != addr {
-				c.setLeader(hint)
-				if cl2, err2 := c.conn(hint); err2 == nil {
-					actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-					err2 = call(actx, cl2)
-					cancel()
-					if err2 == nil {
-						return nil
-					}
-					last = err2
-					if IsRefused(err2) {
-						return err2
-					}
-				}
-			}
-			if ctx.Err() != nil {
-				return fmt.Errorf("controller: %w (last error: %v)", ctx.Err(), last)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("controller: %w (last error: %v)", ctx.Err(), last)
-		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
-		}
-		backoff = min(2*backoff, time.Second)
+	opts := grpcdial.CallOptions{AttemptTimeout: 5 * time.Second, Final: IsRefused,
+		Backoff: grpcdial.Backoff{Base: 20 * time.Millisecond, Max: time.Second}}
+	err := c.rs.Call(ctx, 0, c.addrs, opts, func(ctx context.Context, _ string, cc *grpc.ClientConn) error {
+		return call(ctx, shardkvpb.NewControllerClient(cc))
+	})
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		return fmt.Errorf("controller: %w", err)
 	}
+	return err
 }
 
 func (c *Client) mutate(ctx context.Context, call func(ctx context.Context, cl shardkvpb.ControllerClient, id, seq uint64) (*shardkvpb.ConfigReply, error)) (*shardkvpb.Config, error) {
@@ -244,24 +181,20 @@ func (c *Client) Watch(ctx context.Context, from uint64) <-chan *shardkvpb.Confi
 	go func() {
 		defer close(out)
 		next := from
-		backoff := 20 * time.Millisecond
+		backoff := grpcdial.Backoff{Base: 20 * time.Millisecond, Max: time.Second}
 		for ctx.Err() == nil {
-			for _, addr := range c.order() {
-				cl, err := c.conn(addr)
+			err := c.rs.Round(ctx, 0, c.addrs, grpcdial.CallOptions{}, func(ctx context.Context, _ string, cc *grpc.ClientConn) error {
+				stream, err := shardkvpb.NewControllerClient(cc).Watch(ctx, &shardkvpb.WatchRequest{From: next})
 				if err != nil {
-					continue
-				}
-				stream, err := cl.Watch(ctx, &shardkvpb.WatchRequest{From: next})
-				if err != nil {
-					continue
+					return err
 				}
 				for {
 					conf, err := stream.Recv()
 					if err != nil {
 						if err != io.EOF && status.Code(err) != codes.Canceled {
-							backoff = 20 * time.Millisecond
+							backoff.Reset()
 						}
-						break
+						return err
 					}
 					if conf.Num < next {
 						continue
@@ -270,19 +203,13 @@ func (c *Client) Watch(ctx context.Context, from uint64) <-chan *shardkvpb.Confi
 					case out <- conf:
 						next = conf.Num + 1
 					case <-ctx.Done():
-						return
+						return ctx.Err()
 					}
 				}
-				if ctx.Err() != nil {
-					return
-				}
-			}
-			select {
-			case <-ctx.Done():
+			})
+			if errors.Is(err, grpcdial.ErrClosed) || backoff.Wait(ctx) != nil {
 				return
-			case <-time.After(backoff):
 			}
-			backoff = min(2*backoff, time.Second)
 		}
 	}()
 	return out
