@@ -202,3 +202,18 @@ func callsOf(dp *fakeDataPlane, methods ...string) []string {
 	}
 	return out
 }
+
+// startSimGroup starts the ReplicaGroup reconciler, ShardMap "sm" (16
+// shards at the fake controller) and the simulation of group "g"
+// bootstrapped with n replicas; the test creates the ReplicaGroup.
+func startSimGroup(t *testing.T, n int) (ns string, dp *fakeDataPlane, g *groupSim) {
+	t.Helper()
+	ns = newNamespace(t)
+	dp = newFakeDataPlane()
+	dp.Ctrler(ns, "sm").SetShards(16)
+	startManager(t, ns, setupReplicaGroup(dp))
+	newShardMap(t, ns, "sm")
+	g = startGroupSim(t, ns, "g", n, dp)
+	simHooks(dp, g)
+	return ns, dp, g
+}

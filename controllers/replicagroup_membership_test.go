@@ -21,13 +21,7 @@ import (
 )
 
 func TestReplicaGroupJoinScaleOutScaleIn(t *testing.T) {
-	ns := newNamespace(t)
-	dp := newFakeDataPlane()
-	dp.Ctrler(ns, "sm").SetShards(16)
-	startManager(t, ns, setupReplicaGroup(dp))
-	newShardMap(t, ns, "sm")
-	g := startGroupSim(t, ns, "g", 3, dp)
-	simHooks(dp, g)
+	ns, dp, g := startSimGroup(t, 3)
 	newReplicaGroup(t, ns, "g", "sm", 3)
 
 	rg := waitServing(t, ns, "g", 3)
@@ -109,13 +103,7 @@ func TestReplicaGroupJoinScaleOutScaleIn(t *testing.T) {
 }
 
 func TestReplicaGroupScaleInDeletesClaimsAndScaleOutDuringScaleIn(t *testing.T) {
-	ns := newNamespace(t)
-	dp := newFakeDataPlane()
-	dp.Ctrler(ns, "sm").SetShards(16)
-	startManager(t, ns, setupReplicaGroup(dp))
-	newShardMap(t, ns, "sm")
-	g := startGroupSim(t, ns, "g", 4, dp)
-	simHooks(dp, g)
+	ns, dp, g := startSimGroup(t, 4)
 	newReplicaGroup(t, ns, "g", "sm", 4, func(rg *shardkvv1.ReplicaGroup) { rg.Spec.PVCRetention = "Delete" })
 	waitServing(t, ns, "g", 4)
 
@@ -166,13 +154,7 @@ func TestReplicaGroupScaleInDeletesClaimsAndScaleOutDuringScaleIn(t *testing.T) 
 }
 
 func TestReplicaGroupLostDisk(t *testing.T) {
-	ns := newNamespace(t)
-	dp := newFakeDataPlane()
-	dp.Ctrler(ns, "sm").SetShards(16)
-	startManager(t, ns, setupReplicaGroup(dp))
-	newShardMap(t, ns, "sm")
-	g := startGroupSim(t, ns, "g", 3, dp)
-	simHooks(dp, g)
+	ns, dp, g := startSimGroup(t, 3)
 	newReplicaGroup(t, ns, "g", "sm", 3)
 	rg := waitServing(t, ns, "g", 3)
 	gid := uint64(rg.Status.GroupID)

@@ -18,13 +18,7 @@ import (
 )
 
 func TestReplicaGroupRollingUpdate(t *testing.T) {
-	ns := newNamespace(t)
-	dp := newFakeDataPlane()
-	dp.Ctrler(ns, "sm").SetShards(16)
-	startManager(t, ns, setupReplicaGroup(dp))
-	newShardMap(t, ns, "sm")
-	g := startGroupSim(t, ns, "g", 3, dp)
-	simHooks(dp, g)
+	ns, dp, g := startSimGroup(t, 3)
 	newReplicaGroup(t, ns, "g", "sm", 3)
 	waitServing(t, ns, "g", 3)
 	ctx := context.Background()
