@@ -160,6 +160,18 @@ func (d *fakeDataPlane) record(target, method string, args ...any) {
 	d.calls = append(d.calls, fakeCall{Target: target, Method: method, Args: args})
 }
 
+// setErr makes method of one fake fail with err (errs is that fake's
+// table), or clears it when err is nil.
+func (d *fakeDataPlane) setErr(errs map[string]error, method string, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err == nil {
+		delete(errs, method)
+	} else {
+		errs[method] = err
+	}
+}
+
 // Controller implements DataPlane.
 func (d *fakeDataPlane) Controller(addrs []string) (ControllerAPI, error) {
 	if len(addrs) == 0 {
@@ -271,13 +283,7 @@ func (c *fakeController) SetMemberStatus(st *shardkvpb.MemberStatus) {
 // FailWith makes method (Query, Status, Join, Leave, Move, Unpin) fail with
 // err until cleared with nil.
 func (c *fakeController) FailWith(method string, err error) {
-	c.d.mu.Lock()
-	defer c.d.mu.Unlock()
-	if err == nil {
-		delete(c.errs, method)
-	} else {
-		c.errs[method] = err
-	}
+	c.d.setErr(c.errs, method, err)
 }
 
 // Watchers is how many Watch streams are open.
@@ -489,13 +495,7 @@ func (r *fakeReplica) UpdateStatus(f func(st *shardkvpb.MemberStatus)) {
 // FailWith makes method (Status, AddLearner, Promote, RemoveMember,
 // TransferLeader) fail with err until cleared with nil.
 func (r *fakeReplica) FailWith(method string, err error) {
-	r.d.mu.Lock()
-	defer r.d.mu.Unlock()
-	if err == nil {
-		delete(r.errs, method)
-	} else {
-		r.errs[method] = err
-	}
+	r.d.setErr(r.errs, method, err)
 }
 
 func (r *fakeReplica) begin(method string, args ...any) error {

@@ -26,3 +26,13 @@ func TestGroupEnvRequirePass(t *testing.T) {
 		t.Error("groupEnv aliases the spec")
 	}
 }
+
+func TestPDBMinAvailable(t *testing.T) {
+	for _, c := range []struct{ pods, voters, want int }{
+		{1, 1, 1}, {3, 3, 2}, {5, 5, 3}, {4, 4, 3}, {4, 3, 3}, {5, 3, 4}, {2, 2, 2},
+	} {
+		if got := pdbMinAvailable(c.pods, c.voters); got != c.want {
+			t.Errorf("pdbMinAvailable(%d, %d) = %d, want %d", c.pods, c.voters, got, c.want)
+		}
+	}
+}

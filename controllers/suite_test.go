@@ -16,8 +16,8 @@ package controllers
 //		... create objects with k8sClient, then eventually(t, "what", func() error {...})
 //	}
 //
-// setupShardMap is defined in shardmap_controller_test.go; the ReplicaGroup
-// tests define their own setup func the same way (a func(ctrl.Manager) error).
+// setupShardMap is defined in shardmap_helpers_test.go, setupReplicaGroup in
+// replicagroup_helpers_test.go (each a func(ctrl.Manager) error).
 
 import (
 	"context"
