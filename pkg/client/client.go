@@ -31,7 +31,7 @@ import (
 // forget the result of that sequence number (RESULT_FORGOTTEN: more than
 // 4096 of this client's writes on one shard were unacknowledged). Calling
 // again is a new request, not a retry of the old one.
-var ErrOutcomeUnknown = errors.New("outcome unknown")
+var ErrOutcomeUnknown = shardkvpb.ErrOutcomeUnknown // the one sentinel of the wire vocabulary
 
 // Client is safe for concurrent use; concurrent calls pipeline.
 type Client struct {

@@ -84,7 +84,7 @@ func (a *applyCtx) setMeta(s int, m ShardMeta) error {
 // Apply applies a batch of the group's log entries in one transaction.
 func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
 	sm.mu.RLock()
-	a := &applyCtx{sm: sm, txn: sm.db.NewTransaction(true), metas: map[int]ShardMeta{}, config: sm.config, prev: sm.prev, nowNS: sm.logTime,
+	a := &applyCtx{sm: sm, txn: sm.store.DB().NewTransaction(true), metas: map[int]ShardMeta{}, config: sm.config, prev: sm.prev, nowNS: sm.logTime,
 		sessions: map[string]*stagedSession{}}
 	sm.mu.RUnlock()
 	defer a.txn.Discard()
@@ -116,7 +116,7 @@ func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
 			if err := a.commit(e.Index, false); err != nil {
 				return err
 			}
-			a.txn, a.ops, a.bytes = sm.db.NewTransaction(true), 0, 0
+			a.txn, a.ops, a.bytes = sm.store.DB().NewTransaction(true), 0, 0
 		}
 	}
 	return a.commit(ents[len(ents)-1].Index, true)
@@ -126,7 +126,7 @@ func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
 // metadata. Splitting a batch over several transactions is safe: each one
 // records the index of the last entry it covers.
 func (a *applyCtx) commit(index uint64, final bool) error {
-	if err := a.txn.Set(keyApplied, binary.BigEndian.AppendUint64(nil, index)); err != nil {
+	if err := raftgroup.StoreApplied(a.txn, keyApplied, index); err != nil {
 		return err
 	}
 	if err := a.txn.Set(keyLogTime, binary.BigEndian.AppendUint64(nil, uint64(a.nowNS))); err != nil {
@@ -249,7 +249,7 @@ func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 }
 
 func (a *applyCtx) get(k []byte) (*record, error) {
-	v, err := getRaw(a.txn, k)
+	v, err := raftgroup.GetValue(a.txn, k)
 	if err != nil || v == nil {
 		return nil, err
 	}

@@ -137,7 +137,7 @@ func (a *applyCtx) expireKeys() (any, error) {
 // nowMs (the leader then proposes expireKeys).
 func (sm *StateMachine) expiryDue(nowMs int64) bool {
 	due := false
-	_ = sm.db.View(func(txn *badger.Txn) error {
+	_ = sm.store.DB().View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'x'}})
 		defer it.Close()
 		n := 0

@@ -54,9 +54,8 @@ type Group struct {
 	sm  *StateMachine
 	log *slog.Logger
 
-	connMu  sync.Mutex
-	conns   map[string]*grpc.ClientConn
-	leaders map[uint64]string // gid -> last known leader address
+	pool  *grpcdial.Pool   // connections to other groups' replicas
+	peers *grpcdial.Caller // leader-first calls to a group, by gid
 
 	knownMu sync.Mutex
 	known   map[uint64]*shardkvpb.Config // configs from the controller, ahead of ours
@@ -97,8 +96,9 @@ func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	g := &Group{cfg: cfg, r: r, sm: sm, log: cfg.Logger.With("gid", sm.gid), conns: map[string]*grpc.ClientConn{},
-		leaders: map[uint64]string{}, known: map[uint64]*shardkvpb.Config{}, heard: map[uint64]uint64{}, stopc: make(chan struct{})}
+	g := &Group{cfg: cfg, r: r, sm: sm, log: cfg.Logger.With("gid", sm.gid), known: map[uint64]*shardkvpb.Config{}, heard: map[uint64]uint64{}, stopc: make(chan struct{})}
+	g.pool = grpcdial.NewPool(cfg.DialOptions...)
+	g.peers = grpcdial.NewCaller(g.pool)
 	g.ctx, g.stop = context.WithCancel(context.Background())
 	g.wg.Add(2)
 	go g.run()
@@ -118,12 +118,7 @@ func (g *Group) Stop() {
 	close(g.stopc)
 	g.stop()
 	g.wg.Wait()
-	g.connMu.Lock()
-	for _, c := range g.conns {
-		c.Close()
-	}
-	g.conns = map[string]*grpc.ClientConn{}
-	g.connMu.Unlock()
+	g.pool.Close()
 }
 
 // propose runs a group command through the log.

@@ -2,6 +2,7 @@ package shardkv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -11,21 +12,8 @@ import (
 	"google.golang.org/grpc"
 )
 
-func (g *Group) conn(addr string) (shardkvpb.KVClient, error) {
-	g.connMu.Lock()
-	defer g.connMu.Unlock()
-	c, ok := g.conns[addr]
-	if !ok {
-		var err error
-		if c, err = grpc.NewClient(grpcdial.Target(addr), g.cfg.DialOptions...); err != nil {
-			return nil, err
-		}
-		g.conns[addr] = c
-	}
-	return shardkvpb.NewKVClient(c), nil
-}
-
-// servers lists a group's addresses, its last known leader first.
+// servers lists a group's addresses in the previous and current configs
+// (a shard's source may have left the group's current config).
 func (g *Group) servers(gid uint64) []string {
 	var addrs []string
 	for _, c := range []*shardkvpb.Config{g.sm.PrevConfig(), g.sm.Config()} {
@@ -39,49 +27,17 @@ func (g *Group) servers(gid uint64) []string {
 			}
 		}
 	}
-	g.connMu.Lock()
-	lead := g.leaders[gid]
-	g.connMu.Unlock()
-	if i := slices.Index(addrs, lead); i > 0 {
-		addrs[0], addrs[i] = addrs[i], addrs[0]
-	}
 	return addrs
 }
 
-func (g *Group) noteLeader(gid uint64, addr string) {
-	g.connMu.Lock()
-	g.leaders[gid] = addr
-	g.connMu.Unlock()
-}
-
-// callGroup calls f on gid's replicas until one succeeds or all fail.
+// callGroup calls f on gid's replicas, the last known leader first and
+// following leader hints, until one succeeds or each has failed once; the
+// migration tasks that call it keep their own retry loops.
 func (g *Group) callGroup(ctx context.Context, gid uint64, f func(context.Context, shardkvpb.KVClient) error) error {
-	var last error = fmt.Errorf("group %d has no known servers", gid)
-	tried := map[string]bool{}
-	queue := g.servers(gid)
-	for len(queue) > 0 && ctx.Err() == nil {
-		addr := queue[0]
-		queue = queue[1:]
-		if tried[addr] {
-			continue
-		}
-		tried[addr] = true
-		cl, err := g.conn(addr)
-		if err != nil {
-			last = err
-			continue
-		}
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = f(cctx, cl)
-		cancel()
-		if err == nil {
-			g.noteLeader(gid, addr)
-			return nil
-		}
-		last = err
-		if _, hint, ok := shardkvpb.LeaderHint(err); ok && hint != "" && !tried[hint] {
-			queue = append([]string{hint}, queue...)
-		}
+	err := g.peers.Round(ctx, gid, g.servers(gid), grpcdial.CallOptions{AttemptTimeout: 10 * time.Second},
+		func(ctx context.Context, _ string, cc *grpc.ClientConn) error { return f(ctx, shardkvpb.NewKVClient(cc)) })
+	if errors.Is(err, grpcdial.ErrNoReplicas) {
+		return fmt.Errorf("group %d has no known servers", gid)
 	}
-	return last
+	return err
 }

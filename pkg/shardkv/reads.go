@@ -2,6 +2,7 @@ package shardkv
 
 import (
 	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/routing"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
@@ -110,8 +111,8 @@ func (sm *StateMachine) GetEntry(key []byte, nowMs int64) (ValueEntry, Code, err
 		return ValueEntry{}, code, nil
 	}
 	var e ValueEntry
-	err := sm.db.View(func(txn *badger.Txn) error {
-		v, err := getRaw(txn, dataKey(s, key))
+	err := sm.store.DB().View(func(txn *badger.Txn) error {
+		v, err := raftgroup.GetValue(txn, dataKey(s, key))
 		if err != nil || v == nil {
 			return err
 		}
@@ -130,7 +131,7 @@ func (sm *StateMachine) GetEntry(key []byte, nowMs int64) (ValueEntry, Code, err
 // CountKeys counts the live and tombstoned keys held for shard s (any state).
 func (sm *StateMachine) CountKeys(s int) (n int, err error) {
 	prefix := append(shardPrefix(s), tagData)
-	err = sm.db.View(func(txn *badger.Txn) error {
+	err = sm.store.DB().View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {

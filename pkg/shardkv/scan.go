@@ -25,7 +25,7 @@ func (g *Group) KeyCounts() (KeyCounts, error) {
 	for _, m := range shards {
 		kc.Shards[m.State]++
 	}
-	err := g.sm.db.View(func(txn *badger.Txn) error {
+	err := g.sm.store.DB().View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'d'}, PrefetchValues: false})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
@@ -79,7 +79,7 @@ func (g *Group) slotKeys(slot int, f func(key []byte) bool) error {
 	}
 	prefix := append(shardPrefix(routing.Shard(slot, n)), tagData)
 	now := time.Now().UnixMilli()
-	return g.sm.db.View(func(txn *badger.Txn) error {
+	return g.sm.store.DB().View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
@@ -126,7 +126,7 @@ func (g *Group) Scan(after []byte, count int, match func(key []byte) bool) (keys
 	}
 	shards := g.sm.Shards()
 	now := time.Now().UnixMilli()
-	err = g.sm.db.View(func(txn *badger.Txn) error {
+	err = g.sm.store.DB().View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'d'}})
 		defer it.Close()
 		it.Rewind()

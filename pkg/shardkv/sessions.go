@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"slices"
+
+	"github.com/shardkv/shardkv/pkg/raftgroup"
 )
 
 // session is a client's dedup state within one shard. Sequence numbers may
@@ -146,7 +148,7 @@ func (a *applyCtx) session(s int, client uint64) (*stagedSession, error) {
 		return st, nil
 	}
 	st := &stagedSession{shard: s, client: client, sess: &session{}}
-	v, err := getRaw(a.txn, sk)
+	v, err := raftgroup.GetValue(a.txn, sk)
 	if err != nil {
 		return nil, err
 	}

@@ -7,17 +7,14 @@ import (
 )
 
 func (sm *StateMachine) Snapshot() (raftgroup.Snapshot, error) {
-	return raftgroup.PrefixSnapshot(sm.db, keyApplied, statePrefixes...)
+	return sm.store.Snapshot()
 }
 
 // statePrefixes are every prefix the group state machine owns.
 var statePrefixes = [][]byte{metaPrefix, {'s'}, {'d'}, {'e'}, {'t'}, {'x'}}
 
 func (sm *StateMachine) Restore(r io.Reader) (uint64, error) {
-	if err := raftgroup.RestorePrefixes(sm.db, r, statePrefixes...); err != nil {
-		return 0, err
-	}
-	applied, err := sm.reload()
+	applied, err := sm.store.Restore(r)
 	sm.mu.Lock()
 	close(sm.changed)
 	sm.changed = make(chan struct{})

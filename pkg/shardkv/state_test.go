@@ -208,7 +208,7 @@ func shardOf(h *smHarness, key string) int {
 
 func hasKey(t *testing.T, sm *StateMachine, prefix []byte) bool {
 	found := false
-	err := sm.db.View(func(txn *badger.Txn) error {
+	err := sm.store.DB().View(func(txn *badger.Txn) error {
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
 		defer it.Close()
 		it.Rewind()

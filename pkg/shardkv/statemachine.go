@@ -3,7 +3,6 @@ package shardkv
 import (
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"sync"
 	"sync/atomic"
 
@@ -15,8 +14,8 @@ import (
 
 // StateMachine is a data group's replicated state.
 type StateMachine struct {
-	gid uint64
-	db  *badger.DB
+	gid   uint64
+	store *raftgroup.PrefixStore // the DB, the applied index, snapshots
 
 	mu      sync.RWMutex
 	config  *shardkvpb.Config // current
@@ -32,35 +31,22 @@ type StateMachine struct {
 
 // NewStateMachine returns the state machine of data group gid.
 func NewStateMachine(gid uint64) *StateMachine {
-	return &StateMachine{gid: gid, config: &shardkvpb.Config{}, prev: &shardkvpb.Config{}, shards: map[int]ShardMeta{}, changed: make(chan struct{})}
+	sm := &StateMachine{gid: gid, config: &shardkvpb.Config{}, prev: &shardkvpb.Config{}, shards: map[int]ShardMeta{}, changed: make(chan struct{})}
+	sm.store = raftgroup.NewPrefixStore(keyApplied, statePrefixes, sm.load)
+	return sm
 }
 
 // GID is the group's id.
 func (sm *StateMachine) GID() uint64 { return sm.gid }
 
-func (sm *StateMachine) Open(db *badger.DB) (uint64, error) {
-	sm.db = db
-	return sm.reload()
-}
-
-// reload reads the applied index and the group state from the DB (at Open
-// and after a Restore).
-func (sm *StateMachine) reload() (applied uint64, err error) {
-	err = sm.db.View(func(txn *badger.Txn) error {
-		if applied, err = raftgroup.LoadApplied(txn, keyApplied); err != nil {
-			return err
-		}
-		return sm.load(txn)
-	})
-	return applied, err
-}
+func (sm *StateMachine) Open(db *badger.DB) (uint64, error) { return sm.store.Open(db) }
 
 func (sm *StateMachine) load(txn *badger.Txn) error {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
 	sm.config, sm.prev = &shardkvpb.Config{}, &shardkvpb.Config{}
 	for k, c := range map[string]*shardkvpb.Config{string(keyConfig): sm.config, string(keyPrev): sm.prev} {
-		v, err := getRaw(txn, []byte(k))
+		v, err := raftgroup.GetValue(txn, []byte(k))
 		if err != nil {
 			return err
 		}
@@ -70,7 +56,7 @@ func (sm *StateMachine) load(txn *badger.Txn) error {
 			}
 		}
 	}
-	v, err := getRaw(txn, keyLogTime)
+	v, err := raftgroup.GetValue(txn, keyLogTime)
 	if err != nil {
 		return err
 	}
@@ -91,15 +77,4 @@ func (sm *StateMachine) load(txn *badger.Txn) error {
 		sm.shards[s] = m
 	}
 	return nil
-}
-
-func getRaw(txn *badger.Txn, k []byte) ([]byte, error) {
-	item, err := txn.Get(k)
-	if errors.Is(err, badger.ErrKeyNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return item.ValueCopy(nil)
 }

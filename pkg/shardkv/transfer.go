@@ -23,7 +23,7 @@ const DeleteChunkKeys = 1000
 // bytes. The shard must be frozen (BePulling) so the view is final.
 func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(*shardkvpb.ShardChunk) error) error {
 	prefix := shardPrefix(s)
-	txn := sm.db.NewTransaction(false)
+	txn := sm.store.DB().NewTransaction(false)
 	defer txn.Discard()
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
 	defer it.Close()
