@@ -6,7 +6,11 @@ package archtest
 import (
 	"encoding/json"
 	"io"
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -141,6 +145,34 @@ func TestRedisOnlyAtTheEdge(t *testing.T) {
 			if hasPrefix(imp, redisLibs) {
 				t.Errorf("%s imports %s: Redis belongs in pkg/resp", p.ImportPath, imp)
 			}
+		}
+	}
+}
+
+// TestNoRedisInGroupOrEngine: the data group and the engine speak in neutral
+// facts; MOVED, TRYAGAIN and anything Redis are pkg/resp's words. Comments
+// may compare behaviour with Redis's, and test files may drive Redis clients.
+func TestNoRedisInGroupOrEngine(t *testing.T) {
+	word := regexp.MustCompile(`MOVED|TRYAGAIN|[Rr]edis|REDIS`)
+	for _, dir := range []string{"pkg/shardkv", "pkg/raftgroup"} {
+		err := filepath.WalkDir(filepath.Join("../..", dir), func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for n, line := range strings.Split(string(b), "\n") {
+				code, _, _ := strings.Cut(line, "//")
+				if word.MatchString(code) {
+					t.Errorf("%s:%d names Redis outside a comment: %s", path, n+1, strings.TrimSpace(line))
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -178,4 +178,3 @@ func FuzzControllerCommandDecode(f *testing.F) {
 		}
 	})
 }
-

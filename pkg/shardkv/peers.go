@@ -35,7 +35,9 @@ func (g *Group) servers(gid uint64) []string {
 // migration tasks that call it keep their own retry loops.
 func (g *Group) callGroup(ctx context.Context, gid uint64, f func(context.Context, shardkvpb.KVClient) error) error {
 	err := g.peers.Round(ctx, gid, g.servers(gid), grpcdial.CallOptions{AttemptTimeout: 10 * time.Second},
-		func(ctx context.Context, _ string, cc *grpc.ClientConn) error { return f(ctx, shardkvpb.NewKVClient(cc)) })
+		func(ctx context.Context, _ string, cc *grpc.ClientConn) error {
+			return f(ctx, shardkvpb.NewKVClient(cc))
+		})
 	if errors.Is(err, grpcdial.ErrNoReplicas) {
 		return fmt.Errorf("group %d has no known servers", gid)
 	}

@@ -11,7 +11,7 @@ import (
 
 // Topology is what this replica knows of the cluster beyond its replicated
 // state, as facts for a front end that tells its clients where to go
-// (pkg/resp renders it as the Redis Cluster topology). Soft state: a stale
+// (pkg/resp renders it as its protocol's cluster topology). Soft state: a stale
 // leader costs a client one more redirect.
 type Topology struct {
 	GID, ReplicaID uint64

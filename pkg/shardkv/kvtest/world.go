@@ -127,7 +127,7 @@ type Options struct {
 	Replicas int // per group, default 3
 	// RaftConfig adjusts every data-group replica (e.g. snapshot thresholds).
 	RaftConfig func(*raftgroup.Config)
-	// RESP, if set, starts a Redis protocol front end for every data-group
+	// RESP, if set, starts a protocol front end (pkg/resp) for every data-group
 	// replica on addr (stable across the replica's restarts; it is the
 	// replica's advertised RESP address) and returns its stop function.
 	RESP func(addr string, g *shardkv.Group) (stop func())
