@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/shardkv/shardkv/pkg/client"
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
 	"github.com/shardkv/shardkv/pkg/grpcdial"
+	"github.com/shardkv/shardkv/pkg/localstate"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
@@ -46,24 +46,11 @@ const DefaultTimeout = 10 * time.Second
 // probeTimeout bounds a call to one member made only to show its state.
 const probeTimeout = 2 * time.Second
 
-// LocalState is what `node local` writes to ~/.shardkv/local.json. It is
-// re-declared here (same JSON) so kvctl does not depend on pkg/node, which
-// pulls in every server package.
-type LocalState struct {
-	Ctrler  []string `json:"ctrler"`
-	DataDir string   `json:"data_dir"`
-	PID     int      `json:"pid"`
-}
+// LocalState is what `node local` records for kvctl.
+type LocalState = localstate.State
 
-// LocalStatePath is ~/.shardkv/local.json, where `node local` records the
-// most recently started local cluster.
-func LocalStatePath() string {
-	home, err := os.UserHomeDir()
-	if err != nil {
-		home = os.TempDir()
-	}
-	return filepath.Join(home, ".shardkv", "local.json")
-}
+// LocalStatePath is where it is recorded (~/.shardkv/local.json).
+func LocalStatePath() string { return localstate.Path() }
 
 // command is one kvctl command.
 type command struct {

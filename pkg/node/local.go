@@ -19,6 +19,7 @@ import (
 
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
 	"github.com/shardkv/shardkv/pkg/ctrler/placement"
+	"github.com/shardkv/shardkv/pkg/localstate"
 	"github.com/shardkv/shardkv/pkg/routing"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
@@ -203,22 +204,11 @@ func (o *LocalOptions) layout() (ctrl []*proc, groups map[uint64][]*proc) {
 	return ctrl, groups
 }
 
-// LocalState is written under ~/.shardkv/ so kvctl finds the most recently
-// started local cluster.
-type LocalState struct {
-	Ctrler  []string `json:"ctrler"`
-	DataDir string   `json:"data_dir"`
-	PID     int      `json:"pid"`
-}
+// LocalState is what `node local` records for kvctl.
+type LocalState = localstate.State
 
-// LocalStatePath is ~/.shardkv/local.json.
-func LocalStatePath() string {
-	home, err := os.UserHomeDir()
-	if err != nil {
-		home = os.TempDir()
-	}
-	return filepath.Join(home, ".shardkv", "local.json")
-}
+// LocalStatePath is where it is recorded (~/.shardkv/local.json).
+func LocalStatePath() string { return localstate.Path() }
 
 // RunLocal runs a whole cluster as child processes until ctx ends.
 func RunLocal(ctx context.Context, o *LocalOptions, out io.Writer, log *slog.Logger) error {
