@@ -56,13 +56,7 @@ func ParseLocal(args []string, stderr io.Writer) (*LocalOptions, error) {
 	fs.IntVar(&o.Shards, "shards", routing.DefaultShards, "shard count (fixed when the cluster is created)")
 	fs.StringVar(&o.Placement, "placement", string(placement.Balanced), "balanced or consistent-hash (fixed when the cluster is created)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "children's log level")
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
-	}
-	if err := ApplyEnv(fs); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	o.given = map[string]bool{}

@@ -101,13 +101,7 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 	fs.IntVar(&o.MaxValueBytes, "max-value-bytes", 512<<10, "largest value a write may carry (one value travels in one Raft entry; at most 8 MiB)")
 	fs.StringVar(&o.HTTP, "http", "", "host:port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %v", fs.Args())
-	}
-	if err := ApplyEnv(fs); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	var err error
@@ -278,4 +272,16 @@ func (o *Options) validate() error {
 		return fmt.Errorf("--log-level=%q: want debug, info, warn or error", o.LogLevel)
 	}
 	return nil
+}
+
+// parseFlags parses a subcommand's flags, refuses positional arguments, and
+// then applies the SHARDKV_* environment to flags not given.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	return ApplyEnv(fs)
 }
