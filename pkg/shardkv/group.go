@@ -64,10 +64,9 @@ type Group struct {
 	heardMu sync.Mutex
 	heard   map[uint64]uint64 // gid -> leader replica, as the controller last heard
 
-	ctx   context.Context // cancelled by Stop
-	stop  context.CancelFunc
-	stopc chan struct{}
-	wg    sync.WaitGroup
+	ctx  context.Context // cancelled by Stop
+	stop context.CancelFunc
+	wg   sync.WaitGroup
 }
 
 // NewGroup starts the group's background loops.
@@ -96,7 +95,7 @@ func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	g := &Group{cfg: cfg, r: r, sm: sm, log: cfg.Logger.With("gid", sm.gid), known: map[uint64]*shardkvpb.Config{}, heard: map[uint64]uint64{}, stopc: make(chan struct{})}
+	g := &Group{cfg: cfg, r: r, sm: sm, log: cfg.Logger.With("gid", sm.gid), known: map[uint64]*shardkvpb.Config{}, heard: map[uint64]uint64{}}
 	g.pool = grpcdial.NewPool(cfg.DialOptions...)
 	g.peers = grpcdial.NewCaller(g.pool)
 	g.ctx, g.stop = context.WithCancel(context.Background())
@@ -115,7 +114,6 @@ func (g *Group) Register(s *grpc.Server) { shardkvpb.RegisterKVServer(s, g) }
 
 // Stop ends the background loops and closes peer connections.
 func (g *Group) Stop() {
-	close(g.stopc)
 	g.stop()
 	g.wg.Wait()
 	g.pool.Close()

@@ -48,7 +48,7 @@ func (g *Group) run() {
 	defer stopLeading()
 	for {
 		select {
-		case <-g.stopc:
+		case <-g.ctx.Done():
 			return
 		case <-tick.C:
 		case <-g.sm.Changed():
@@ -162,7 +162,7 @@ func (g *Group) spawn(parent context.Context, tasks map[string]context.CancelFun
 		f(ctx)
 		select {
 		case done <- name:
-		case <-g.stopc:
+		case <-g.ctx.Done():
 		}
 	}()
 }

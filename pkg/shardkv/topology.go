@@ -135,7 +135,7 @@ func (g *Group) trackLeaders() {
 			g.heardMu.Unlock()
 		}
 		select {
-		case <-g.stopc:
+		case <-g.ctx.Done():
 			return
 		case <-t.C:
 		}
