@@ -316,37 +316,24 @@ func (c *Client) CompareAndSet(ctx context.Context, key string, expect *string, 
 // keys are absent from the result.
 func (c *Client) MultiGet(ctx context.Context, keys []string) (map[string]string, error) {
 	out := map[string]string{}
-	var mu sync.Mutex
 	pending := keys
 	for len(pending) > 0 {
-		var retry []string
-		err := c.perGroup(ctx, pending, func(ctx context.Context, part []string) error {
-			bkeys := make([][]byte, len(part))
-			for i, k := range part {
-				bkeys[i] = []byte(k)
-			}
-			var rep *shardkvpb.MultiGetReply
-			err := c.callGroup(ctx, bkeys[0], true, func(actx context.Context, cl shardkvpb.KVClient) error {
-				var err error
-				rep, err = cl.MultiGet(actx, &shardkvpb.MultiGetRequest{Keys: bkeys})
-				return err
-			})
-			mu.Lock()
-			defer mu.Unlock()
-			if errors.Is(err, errReroute) {
-				retry = append(retry, part...)
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			for i, v := range rep.Values {
-				if v.Found {
-					out[part[i]] = string(v.Value)
+		retry, err := fanOut(ctx, c, pending,
+			func(ctx context.Context, cl shardkvpb.KVClient, part []string) (*shardkvpb.MultiGetReply, error) {
+				bkeys := make([][]byte, len(part))
+				for i, k := range part {
+					bkeys[i] = []byte(k)
 				}
-			}
-			return nil
-		})
+				return cl.MultiGet(ctx, &shardkvpb.MultiGetRequest{Keys: bkeys})
+			},
+			func(part []string, rep *shardkvpb.MultiGetReply) ([]string, error) {
+				for i, v := range rep.Values {
+					if v.Found {
+						out[part[i]] = string(v.Value)
+					}
+				}
+				return nil, nil
+			})
 		if err != nil {
 			return nil, err
 		}
@@ -376,38 +363,26 @@ func (c *Client) MultiPut(ctx context.Context, kvs map[string]string) error {
 	pending := keys
 	delay := 10 * time.Millisecond
 	for len(pending) > 0 {
-		var mu sync.Mutex
-		var retry []string
-		err := c.perGroup(ctx, pending, func(ctx context.Context, part []string) error {
-			var rep *shardkvpb.MultiWriteReply
-			err := c.callGroup(ctx, []byte(part[0]), true, func(actx context.Context, cl shardkvpb.KVClient) error {
+		retry, err := fanOut(ctx, c, pending,
+			func(ctx context.Context, cl shardkvpb.KVClient, part []string) (*shardkvpb.MultiWriteReply, error) {
 				ops := make([]*shardkvpb.WriteOp, len(part))
 				for i, k := range part {
 					ops[i] = &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: []byte(k), Value: []byte(kvs[k]), Session: c.session(seqs[k])}
 				}
-				var err error
-				rep, err = cl.MultiWrite(actx, &shardkvpb.MultiWriteRequest{Ops: ops})
-				return err
+				return cl.MultiWrite(ctx, &shardkvpb.MultiWriteRequest{Ops: ops})
+			},
+			func(part []string, rep *shardkvpb.MultiWriteReply) ([]string, error) {
+				var retry []string
+				for i, r := range rep.Results {
+					if r.NotExecuted == shardkvpb.ReasonResultForgotten {
+						return nil, fmt.Errorf("%w: key %q: the group no longer remembers this write's result", ErrOutcomeUnknown, part[i])
+					}
+					if r.NotExecuted != "" {
+						retry = append(retry, part[i])
+					}
+				}
+				return retry, nil
 			})
-			mu.Lock()
-			defer mu.Unlock()
-			if errors.Is(err, errReroute) {
-				retry = append(retry, part...)
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			for i, r := range rep.Results {
-				if r.NotExecuted == shardkvpb.ReasonResultForgotten {
-					return fmt.Errorf("%w: key %q: the group no longer remembers this write's result", ErrOutcomeUnknown, part[i])
-				}
-				if r.NotExecuted != "" {
-					retry = append(retry, part[i])
-				}
-			}
-			return nil
-		})
 		if err != nil {
 			return err
 		}
@@ -425,6 +400,38 @@ func (c *Client) MultiPut(ctx context.Context, kvs map[string]string) error {
 		}
 	}
 	return nil
+}
+
+// fanOut calls each group with its part of keys, groups in parallel. A part
+// its group refused as a whole (errReroute: the config moved on) comes back
+// to be routed again; use, called under one lock, reads a reply and returns
+// the keys of its part to retry.
+func fanOut[R any](ctx context.Context, c *Client, keys []string,
+	call func(ctx context.Context, cl shardkvpb.KVClient, part []string) (R, error),
+	use func(part []string, rep R) ([]string, error)) ([]string, error) {
+	var mu sync.Mutex
+	var retry []string
+	err := c.perGroup(ctx, keys, func(ctx context.Context, part []string) error {
+		var rep R
+		err := c.callGroup(ctx, []byte(part[0]), true, func(actx context.Context, cl shardkvpb.KVClient) error {
+			var err error
+			rep, err = call(actx, cl, part)
+			return err
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		if errors.Is(err, errReroute) {
+			retry = append(retry, part...)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		more, err := use(part, rep)
+		retry = append(retry, more...)
+		return err
+	})
+	return retry, err
 }
 
 // perGroup splits keys by their group in the cached config and runs f on
