@@ -573,8 +573,15 @@ func nextStep(o *observed) step {
 				Message: fmt.Sprintf("rolling update: restarting %s, the only replica", o.podName(o.LeaderOrdinal))}
 		}
 	}
-	// 10. Nothing to do, but a member is not healthy yet (a pod coming
-	// back, a replica catching up): keep watching closely.
+	// 10. Nothing to do, but a scale-in's pods are still terminating, or a
+	// member is not healthy yet (a pod coming back, a replica catching
+	// up): keep watching closely. The group is not at rest (Ready) until
+	// the removed pods are gone.
+	for _, i := range slices.Sorted(maps.Keys(o.Pods)) {
+		if p := o.Pods[i]; i >= S && p.Exists {
+			return wait(reasonWaitingForPod, "scale-in: waiting for pod %s, no longer a member, to terminate", p.Name)
+		}
+	}
 	for _, m := range o.Members {
 		if m.Ordinal >= 0 && m.Ordinal < S && !o.healthy(m) {
 			return wait(reasonWaitingForPod, "waiting for member %d (%s) to answer and catch up", m.ID, o.podName(m.Ordinal))

@@ -115,6 +115,23 @@ func TestPlanScaleInLeaderLast(t *testing.T) {
 	}
 }
 
+// A scale-in is done when the removed pods are gone, not when the
+// StatefulSet is shrunk: until then the plan waits, so Ready stays false.
+func TestPlanScaleInWaitsForTerminatingPods(t *testing.T) {
+	w := newSimGroup(t, 4, 9)
+	w.desired = 3
+	expectSteps(t, w.run(20), "RemoveMember(4) Join(1,2,3) ScaleStatefulSet(3) Idle")
+	w.pods[3] = &simPod{exists: true, ready: false, id: 4, removed: true, rev: w.updateRev} // still terminating
+	st := nextStep(w.observe())
+	if st.Kind != stepWait || st.Reason != reasonWaitingForPod || !strings.Contains(st.Message, "rg-3") {
+		t.Fatalf("with pod 3 terminating: %s, want a wait for it", st)
+	}
+	w.pods[3].exists = false
+	if st := nextStep(w.observe()); st.Kind != stepIdle {
+		t.Fatalf("after pod 3 is gone: %s", st)
+	}
+}
+
 func TestPlanScaleInTransferTarget(t *testing.T) {
 	// The most caught-up voter that stays takes over.
 	w := newSimGroup(t, 5, 9)

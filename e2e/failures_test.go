@@ -4,6 +4,8 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -113,11 +115,12 @@ func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
 	for g := range base {
 		before[g] = len(e.events(t, "ReplicaGroup", g))
 	}
+	sets := []string{controllers.CtrlerName(sm), "demo-a", "demo-b", "demo-c"}
+	logs := e.followLogs(t, sets...)
 	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"controller":{"image":%q}}}`, e.image2))
 	for g := range base {
 		e.k(t, "patch", "replicagroup/"+g, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"image":%q}}`, e.image2))
 	}
-	sets := []string{controllers.CtrlerName(sm), "demo-a", "demo-b", "demo-c"}
 	e.eventually(t, 2*settle, "every pod runs "+e.image2, func() (bool, string) {
 		var old []string
 		for _, s := range sets {
@@ -156,6 +159,13 @@ func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
 		t.Logf("%s during the roll: %d ok, %d unknown outcomes", name, st1.OK-st0[name].OK, d)
 		if d != 0 {
 			t.Errorf("%s: the roll caused %d client-visible errors (last: %s)", name, d, st1.LastErr)
+		}
+	}
+	// The restarted pods' own words on what went wrong, lost otherwise.
+	warned := logs.stop()
+	if t.Failed() {
+		for _, pod := range slices.Sorted(maps.Keys(warned)) {
+			t.Logf("--- %s: warnings and errors during the roll\n%s", pod, tail(strings.Join(warned[pod], "\n"), 40))
 		}
 	}
 }

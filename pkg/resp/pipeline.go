@@ -221,7 +221,8 @@ func (s *Server) runWrites(items []*item) {
 		}
 		return
 	case errors.Is(err, shardkvpb.ErrOutcomeUnknown):
-		s.log.Debug("write outcome unknown", "ops", len(ops), "err", err)
+		// Worth an operator's attention: a client now has to find out.
+		s.log.Warn("write outcome unknown", "ops", len(ops), "err", err)
 		s.unknown(items)
 		return
 	default:
