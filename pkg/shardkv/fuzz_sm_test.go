@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -50,7 +51,15 @@ func FuzzGroupStateMachine(f *testing.F) {
 // openFuzzSM opens a state machine of group 7 on a DB with raftgroup's
 // transaction and value limits (16 MiB memtables, 1 MiB value threshold).
 func openFuzzSM(t *testing.T) *StateMachine {
-	o := badger.DefaultOptions(t.TempDir()).WithLogger(nil).WithMemTableSize(16 << 20).
+	// In memory-backed files where there are (the DB is real, its fsyncs
+	// cost nothing): a fuzz run opens two DBs per input.
+	dir, err := os.MkdirTemp("/dev/shm", "fuzzsm")
+	if err != nil {
+		dir = t.TempDir()
+	} else {
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	o := badger.DefaultOptions(dir).WithLogger(nil).WithMemTableSize(16 << 20).
 		WithValueThreshold(1 << 20).WithValueLogFileSize(64 << 20).WithNumMemtables(2).
 		WithBlockCacheSize(1 << 20).WithIndexCacheSize(1 << 20).WithNumCompactors(2).
 		WithDetectConflicts(false).WithSyncWrites(false)
