@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -377,10 +378,32 @@ func (r *Replica) run() {
 	}
 }
 
+// fail stops the replica on a storage fault (see docs/engine.md for the
+// recovery). The message is cut short: errors from storage may quote whole
+// keys or values (badger hex-dumps a key it refuses).
 func (r *Replica) fail(err error) {
-	r.log.Error("replica stopped on a fatal error", "err", err)
-	r.stopErr = err
-	r.props.failAll(outcomeUnknown("replica failed: %v", err))
+	r.stopErr = fmt.Errorf("%s", shortError(err))
+	r.log.Error("replica stopped on a fatal error", "err", r.stopErr.Error())
+	r.props.failAll(outcomeUnknown("replica failed: %v", r.stopErr))
+}
+
+// maxErrorText bounds an error quoted in a log line or sent to clients.
+const maxErrorText = 300
+
+// shortError is err's text, its first line, at most maxErrorText bytes.
+func shortError(err error) string {
+	s := err.Error()
+	cut := false
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s, cut = s[:i], true
+	}
+	if len(s) > maxErrorText {
+		s, cut = s[:maxErrorText], true
+	}
+	if cut {
+		s = strings.ToValidUTF8(s, "") + " …(cut)"
+	}
+	return s
 }
 
 func (r *Replica) handleReady(rd raft.Ready) error {

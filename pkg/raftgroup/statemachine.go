@@ -44,8 +44,13 @@ type StateMachine interface {
 	// It must store the index of the last entry atomically with the state
 	// changes (in the same badger transaction), so a restart neither applies
 	// an entry twice nor loses one. It need not fsync: the engine's next
-	// durable write, and a sync before every log compaction, cover it. An
-	// error is fatal for the replica.
+	// durable write, and a sync before every log compaction, cover it.
+	// Return an error only for a storage fault (badger failed to read or
+	// commit): it stops the replica (docs/engine.md: recovery). Anything an
+	// entry's content can cause (a bad record, a limit, a decode error)
+	// must be that entry's Result, the same on every replica: an error
+	// here would stop every replica at the same entry, and again at every
+	// restart, since the entry stays in the log.
 	Apply(entries []Entry) error
 
 	// Snapshot returns a consistent point-in-time view of the whole state,

@@ -32,8 +32,9 @@ type OpResult struct {
 	Result *shardkvpb.WriteResult
 }
 
-// applyCtx is one Apply call: one badger transaction. Shard metadata changes
-// are staged and published to readers after commit.
+// applyCtx is one Apply call: one badger transaction, or several when the
+// batch is large (each covers whole entries and stores the index of its
+// last). Shard metadata changes are staged and published after commit.
 type applyCtx struct {
 	sm      *StateMachine
 	txn     *badger.Txn
@@ -43,23 +44,78 @@ type applyCtx struct {
 	config  *shardkvpb.Config
 	prev    *shardkvpb.Config
 	changed bool
-	// Size of the open transaction, to split before badger's limit.
-	ops, bytes int
+	// used is the open transaction's size as badger counts it; last and
+	// lastNS are the index and log time of the last entry in it (0: none).
+	used   budget
+	last   uint64
+	lastNS int64
+	// buf holds a write command's records until the whole command is known
+	// to fit one transaction (nil for other commands: they write to txn).
+	buf *entryBuf
+	// maxValue is the current write command's value limit.
+	maxValue int
 	// Client sessions read by the current entry, by session key, written
 	// back once at its end (flushSessions).
 	sessions map[string]*stagedSession
 }
 
+// entryBuf is one write command's records, last write of each key wins.
+// Commands are all or nothing: a command whose writes would not fit one
+// transaction must leave nothing behind, and badger cannot take back part
+// of a transaction.
+type entryBuf struct {
+	m     map[string]bufWrite
+	order []string // first-write order: flushed in it
+	size  budget
+}
+
+type bufWrite struct {
+	v   []byte
+	del bool
+}
+
+func (b *entryBuf) put(k, v []byte, del bool) {
+	ks := string(k)
+	if w, ok := b.m[ks]; ok {
+		b.size.records--
+		b.size.bytes -= recordCost(len(k), len(w.v))
+	} else {
+		b.order = append(b.order, ks)
+	}
+	b.m[ks] = bufWrite{v: v, del: del}
+	b.size.add(len(k), len(v))
+}
+
 func (a *applyCtx) set(k, v []byte) error {
-	a.ops++
-	a.bytes += len(k) + len(v)
+	if a.buf != nil {
+		a.buf.put(k, v, false)
+		return nil
+	}
+	a.used.add(len(k), len(v))
 	return a.txn.Set(k, v)
 }
 
 func (a *applyCtx) del(k []byte) error {
-	a.ops++
-	a.bytes += len(k)
+	if a.buf != nil {
+		a.buf.put(k, nil, true)
+		return nil
+	}
+	a.used.add(len(k), 0)
 	return a.txn.Delete(k)
+}
+
+// value is the value under k as the current entry sees it: its own
+// buffered writes first. nil: absent (every record read here is non-empty).
+func (a *applyCtx) value(k []byte) ([]byte, error) {
+	if a.buf != nil {
+		if w, ok := a.buf.m[string(k)]; ok {
+			if w.del {
+				return nil, nil
+			}
+			return w.v, nil
+		}
+	}
+	return raftgroup.GetValue(a.txn, k)
 }
 
 func (a *applyCtx) meta(s int) ShardMeta {
@@ -81,13 +137,16 @@ func (a *applyCtx) setMeta(s int, m ShardMeta) error {
 	return a.set(shardMetaKey(s), b)
 }
 
-// Apply applies a batch of the group's log entries in one transaction.
+// Apply applies a batch of the group's log entries. An error is a storage
+// fault (badger failed to read or commit); everything an entry's content can
+// cause, from a bad record to a command too large for one transaction, is
+// that entry's result, the same on every replica.
 func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
 	sm.mu.RLock()
 	a := &applyCtx{sm: sm, txn: sm.store.DB().NewTransaction(true), metas: map[int]ShardMeta{}, config: sm.config, prev: sm.prev, nowNS: sm.logTime,
 		sessions: map[string]*stagedSession{}}
 	sm.mu.RUnlock()
-	defer a.txn.Discard()
+	defer func() { a.txn.Discard() }()
 	for i := range ents {
 		e := &ents[i]
 		a.index = e.Index
@@ -95,45 +154,45 @@ func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
 		if t := e.Time.UnixNano(); !e.Time.IsZero() && t > a.nowNS {
 			a.nowNS = t
 		}
-		if e.Cmd == nil {
-			continue
+		if e.Cmd != nil {
+			var cmd shardkvpb.GroupCommand
+			if err := proto.Unmarshal(e.Cmd, &cmd); err != nil {
+				e.Result = fmt.Errorf("undecodable command at %d: %v", e.Index, err)
+			} else {
+				res, err := a.apply(&cmd)
+				if err == nil {
+					err = a.flushSessions()
+				}
+				if err != nil {
+					return fmt.Errorf("apply entry %d: %w", e.Index, err)
+				}
+				e.Result = res
+			}
 		}
-		var cmd shardkvpb.GroupCommand
-		if err := proto.Unmarshal(e.Cmd, &cmd); err != nil {
-			e.Result = fmt.Errorf("undecodable command at %d: %v", e.Index, err)
-			continue
-		}
-		res, err := a.apply(&cmd)
-		if err == nil {
-			err = a.flushSessions()
-		}
-		if err != nil {
-			return fmt.Errorf("apply entry %d: %w", e.Index, err)
-		}
-		e.Result = res
+		a.last, a.lastNS = e.Index, a.nowNS
 		// Keep each badger transaction well below its size limit.
-		if i < len(ents)-1 && (a.ops > 5000 || a.bytes > 1<<20) {
-			if err := a.commit(e.Index, false); err != nil {
+		if i < len(ents)-1 && (a.used.records > 5000 || a.used.bytes > 1<<20) {
+			if err := a.commit(false); err != nil {
 				return err
 			}
-			a.txn, a.ops, a.bytes = sm.store.DB().NewTransaction(true), 0, 0
 		}
 	}
-	return a.commit(ents[len(ents)-1].Index, true)
+	return a.commit(true)
 }
 
 // commit stores the applied index with the changes and publishes the new
-// metadata. Splitting a batch over several transactions is safe: each one
-// records the index of the last entry it covers.
-func (a *applyCtx) commit(index uint64, final bool) error {
-	if err := raftgroup.StoreApplied(a.txn, keyApplied, index); err != nil {
+// metadata; unless final, it opens the next transaction. Splitting a batch
+// over several transactions is safe: each one covers whole entries and
+// records the index of the last.
+func (a *applyCtx) commit(final bool) error {
+	if err := raftgroup.StoreApplied(a.txn, keyApplied, a.last); err != nil {
 		return err
 	}
-	if err := a.txn.Set(keyLogTime, binary.BigEndian.AppendUint64(nil, uint64(a.nowNS))); err != nil {
+	if err := a.txn.Set(keyLogTime, binary.BigEndian.AppendUint64(nil, uint64(a.lastNS))); err != nil {
 		return err
 	}
 	if err := a.txn.Commit(); err != nil {
-		return err
+		return fmt.Errorf("commit up to entry %d: %w", a.last, err)
 	}
 	sm := a.sm
 	sm.mu.Lock()
@@ -144,7 +203,7 @@ func (a *applyCtx) commit(index uint64, final bool) error {
 			sm.shards[s] = m
 		}
 	}
-	sm.config, sm.prev, sm.logTime = a.config, a.prev, a.nowNS
+	sm.config, sm.prev, sm.logTime = a.config, a.prev, a.lastNS
 	var notify chan struct{}
 	if a.changed {
 		notify = sm.changed
@@ -156,21 +215,16 @@ func (a *applyCtx) commit(index uint64, final bool) error {
 	}
 	a.metas = map[int]ShardMeta{}
 	a.changed = false
+	if !final {
+		a.txn, a.used, a.last = sm.store.DB().NewTransaction(true), budget{}, 0
+	}
 	return nil
 }
 
 func (a *applyCtx) apply(cmd *shardkvpb.GroupCommand) (any, error) {
 	switch {
 	case len(cmd.Writes) > 0:
-		out := make([]OpResult, len(cmd.Writes))
-		for i, op := range cmd.Writes {
-			r, err := a.write(op)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = r
-		}
-		return out, nil
+		return a.writes(cmd)
 	case cmd.NextConfig != nil:
 		return a.nextConfig(cmd.NextConfig)
 	case cmd.Insert != nil:
@@ -189,17 +243,83 @@ func (a *applyCtx) apply(cmd *shardkvpb.GroupCommand) (any, error) {
 	return errors.New("empty command"), nil
 }
 
+// writes applies a write command: all its ops, or, if their records do
+// not fit one transaction, none (each executed op gets COMMAND_TOO_LARGE;
+// the check before proposing keeps every command it accepts below that).
+func (a *applyCtx) writes(cmd *shardkvpb.GroupCommand) (any, error) {
+	a.buf = &entryBuf{m: map[string]bufWrite{}}
+	defer func() { a.buf = nil }()
+	a.maxValue = MaxValueBytesLimit
+	if m := cmd.MaxValueBytes; m > 0 && m < MaxValueBytesLimit {
+		a.maxValue = int(m)
+	}
+	out := make([]OpResult, len(cmd.Writes))
+	for i, op := range cmd.Writes {
+		r, err := a.write(op)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = r
+	}
+	if err := a.flushSessions(); err != nil {
+		return nil, err
+	}
+	b := a.buf
+	a.buf = nil
+	if !b.size.fits() {
+		for i := range out {
+			if out[i].Code == OK {
+				out[i].Result = &shardkvpb.WriteResult{Error: shardkvpb.OpErrCommandTooLarge}
+			}
+		}
+		return out, nil
+	}
+	lim := a.sm.txnMax
+	if a.last != 0 && (a.used.records+b.size.records+commitRecords >= lim.records || a.used.bytes+b.size.bytes+commitCost >= lim.bytes) {
+		if err := a.commit(false); err != nil {
+			return nil, err
+		}
+	}
+	for _, k := range b.order {
+		w := b.m[k]
+		var err error
+		if w.del {
+			err = a.del([]byte(k))
+		} else {
+			err = a.set([]byte(k), w.v)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("write %d records (%d bytes): %w", b.size.records, b.size.bytes, err)
+		}
+	}
+	return out, nil
+}
+
+// failed is the result of an op that its content refused at apply: it
+// changed nothing.
+func failed(code string) OpResult {
+	return OpResult{Result: &shardkvpb.WriteResult{Error: code}}
+}
+
+// write applies one op. The error is a storage fault; a refusal is the
+// op's result.
 func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 	s, code := ownership(a.sm.gid, a.config, a.meta, op.Key)
 	if code != OK {
 		// Not executed, and not recorded: a retry elsewhere is safe.
 		return OpResult{Code: code}, nil
 	}
+	if len(dataKey(s, op.Key)) > badgerMaxKey {
+		// Only an entry proposed without submit's check gets here.
+		return failed(shardkvpb.OpErrKeyTooLarge), nil
+	}
 	var sess *session
 	var staged *stagedSession
 	if c := op.Session.GetClientId(); c != 0 {
 		var err error
-		if staged, err = a.session(s, c); err != nil {
+		if staged, err = a.session(s, c); errors.Is(err, errBadRecord) {
+			return failed(shardkvpb.OpErrBadRecord), nil
+		} else if err != nil {
 			return OpResult{}, err
 		}
 		sess = staged.sess
@@ -215,26 +335,9 @@ func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 			return OpResult{Code: ResultForgotten}, nil
 		}
 	}
-	dk := dataKey(s, op.Key)
-	old, err := a.get(dk)
+	res, err := a.mutate(s, op)
 	if err != nil {
 		return OpResult{}, err
-	}
-	nowMs := a.nowNS / 1e6
-	oldLive := old != nil && old.live(nowMs)
-	res := &shardkvpb.WriteResult{}
-	if op.ReturnPrev && oldLive {
-		res.Prev, res.PrevFound = old.Value, true
-	}
-	next, err := applyOp(op, old, oldLive, nowMs, res)
-	if err != nil {
-		return OpResult{}, err
-	}
-	if next != nil {
-		next.Index = a.index
-		if err := a.putRecord(s, op.Key, old, next); err != nil {
-			return OpResult{}, err
-		}
 	}
 	if sess != nil {
 		sess.LastNS = a.nowNS
@@ -248,11 +351,51 @@ func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 	return OpResult{Result: res}, nil
 }
 
+// mutate runs op on its key's record; a refusal is res.Error.
+func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, error) {
+	old, err := a.get(dataKey(s, op.Key))
+	if errors.Is(err, errBadRecord) {
+		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrBadRecord}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	nowMs := a.nowNS / 1e6
+	oldLive := old != nil && old.live(nowMs)
+	res := &shardkvpb.WriteResult{}
+	next, err := applyOp(op, old, oldLive, nowMs, a.maxValue, res)
+	switch {
+	case err != nil:
+		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrBadRecord}, nil
+	case res.Error != "":
+		return &shardkvpb.WriteResult{Error: res.Error}, nil
+	case next == nil:
+	case !next.Tombstone && next.ExpireAtMs != 0 && len(expiresKey(0, s, op.Key)) > badgerMaxKey:
+		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrKeyTooLarge}, nil
+	default:
+		next.Index = a.index
+		if err := a.putRecord(s, op.Key, old, next); err != nil {
+			return nil, err
+		}
+	}
+	if op.ReturnPrev && oldLive {
+		res.Prev, res.PrevFound = old.Value, true
+	}
+	return res, nil
+}
+
+// errBadRecord: a stored record did not decode (a result, not a fault:
+// every replica reads the same bytes).
+var errBadRecord = errors.New("bad stored record")
+
 func (a *applyCtx) get(k []byte) (*record, error) {
-	v, err := raftgroup.GetValue(a.txn, k)
+	v, err := a.value(k)
 	if err != nil || v == nil {
 		return nil, err
 	}
 	r, err := decodeRecord(v)
-	return &r, err
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errBadRecord, err)
+	}
+	return &r, nil
 }

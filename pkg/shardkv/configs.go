@@ -82,5 +82,6 @@ func (a *applyCtx) busyShards() []int {
 			busy = append(busy, s)
 		}
 	}
+	slices.Sort(busy) // it goes into the entry's result: the same on every replica
 	return busy
 }

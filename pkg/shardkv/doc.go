@@ -26,7 +26,8 @@
 //
 //	statemachine.go  the type, Open and load
 //	layout.go        storage keys and value records
-//	apply.go         applying log entries
+//	apply.go         applying log entries (a write command all or nothing)
+//	budget.go        what one write command may write: limits, worst case
 //	ops.go           what one write op does to a record
 //	sessions.go      exactly-once sessions of pipelining clients
 //	configs.go       stepping from config N to N+1

@@ -2,6 +2,7 @@ package shardkv
 
 import (
 	"encoding/binary"
+	"errors"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -55,6 +56,9 @@ func (a *applyCtx) expire() error {
 		s := int(tk[1])<<8 | int(tk[2])
 		dk := dataKey(s, tk[3:])
 		rec, err := a.get(dk)
+		if errors.Is(err, errBadRecord) {
+			continue // kept as it is, as every write to it (BAD_RECORD)
+		}
 		if err != nil {
 			return err
 		}
@@ -111,6 +115,9 @@ func (a *applyCtx) expireKeys() (any, error) {
 	n := 0
 	for _, d := range dues {
 		rec, err := a.get(dataKey(d.shard, d.key))
+		if errors.Is(err, errBadRecord) {
+			rec, err = nil, nil // an index entry of nothing readable: dropped below
+		}
 		if err != nil {
 			return nil, err
 		}

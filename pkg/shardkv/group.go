@@ -24,8 +24,10 @@ type GroupConfig struct {
 	// their clients to another group's leader (Topology, refusals). The
 	// node sets it when it serves a client protocol other than gRPC.
 	TrackLeaders bool
-	// MaxValueBytes bounds one value (default 512 KiB); MaxKeyBytes one key
-	// (default 64 KiB).
+	// MaxValueBytes bounds one value (default 512 KiB, at most
+	// MaxValueBytesLimit), APPEND's result included; MaxKeyBytes one key
+	// (default and maximum MaxKeyBytesLimit, 64,989 bytes: every stored form
+	// of the key must fit badger's 65,000).
 	MaxValueBytes, MaxKeyBytes int
 	// PullConcurrency bounds shards pulled at once from one source group
 	// (default 4). Per source, so that a source that is down (its pulls
@@ -74,9 +76,10 @@ func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
 	if cfg.MaxValueBytes == 0 {
 		cfg.MaxValueBytes = 512 << 10
 	}
-	if cfg.MaxKeyBytes == 0 {
-		cfg.MaxKeyBytes = 64 << 10
+	if cfg.MaxKeyBytes <= 0 || cfg.MaxKeyBytes > MaxKeyBytesLimit {
+		cfg.MaxKeyBytes = MaxKeyBytesLimit
 	}
+	cfg.MaxValueBytes = min(cfg.MaxValueBytes, MaxValueBytesLimit)
 	if cfg.PullConcurrency == 0 {
 		cfg.PullConcurrency = 4
 	}

@@ -16,15 +16,23 @@ const (
 	errOverflow   = shardkvpb.OpErrOverflow
 	errNotFloat   = shardkvpb.OpErrNotFloat
 	errNaN        = shardkvpb.OpErrNaN
+	// errValueTooLarge: the value the op would leave (APPEND's result
+	// included) is over the command's limit.
+	errValueTooLarge = shardkvpb.OpErrValueTooLarge
 )
 
 // applyOp computes the record op leaves behind (nil: no change) and fills
 // res. It is pure: every replica computes the same from the same inputs, and
-// the only clock it reads is nowMs, the entry's log time.
-func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, res *shardkvpb.WriteResult) (*record, error) {
+// the only clock it reads is nowMs, the entry's log time. No value it
+// leaves is longer than maxValue (VALUE_TOO_LARGE: nothing changes).
+func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, maxValue int, res *shardkvpb.WriteResult) (*record, error) {
 	var oldExpiry int64
 	if oldLive {
 		oldExpiry = old.ExpireAtMs
+	}
+	if len(op.Value) > maxValue && (op.Kind == shardkvpb.WriteOp_PUT || op.Kind == shardkvpb.WriteOp_CAS || op.Kind == shardkvpb.WriteOp_APPEND) {
+		res.Error = errValueTooLarge
+		return nil, nil
 	}
 	switch op.Kind {
 	case shardkvpb.WriteOp_PUT:
@@ -40,7 +48,11 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, res 
 	case shardkvpb.WriteOp_APPEND:
 		v := op.Value
 		if oldLive {
-			v = append(append([]byte{}, old.Value...), op.Value...)
+			if len(old.Value) > maxValue-len(op.Value) {
+				res.Error = errValueTooLarge
+				return nil, nil
+			}
+			v = append(append(make([]byte, 0, len(old.Value)+len(op.Value)), old.Value...), op.Value...)
 		}
 		res.Ok, res.Num = true, int64(len(v))
 		return &record{Value: v, ExpireAtMs: oldExpiry}, nil

@@ -4,9 +4,8 @@ import (
 	"cmp"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
-
-	"github.com/shardkv/shardkv/pkg/raftgroup"
 )
 
 // session is a client's dedup state within one shard. Sequence numbers may
@@ -127,6 +126,34 @@ func (s *session) add(d doneOp) {
 	}
 }
 
+// MaxSessionBytes bounds a stored session record (its results' Prev values
+// above all), and EntrySessionBytes the session records one entry writes
+// together: without them one session's record grew with every ReturnPrev
+// result kept, up to MaxDonePerSession values, and was rewritten whole by
+// each write. 4096 results without Prev take under 50 KiB.
+const (
+	MaxSessionBytes   = 64 << 10
+	EntrySessionBytes = 512 << 10
+)
+
+// fit drops the oldest results until the record encodes in limit bytes;
+// their seqs count as Trimmed (a retry of one gets ResultForgotten).
+func (s *session) fit(limit int) {
+	size := len(s.encode())
+	for size > limit && len(s.Done) > 0 {
+		d := s.Done[0]
+		size -= uvarintLen(d.Seq) + 1 + uvarintLen(uint64(len(d.Prev))) + len(d.Prev)
+		s.Trimmed = max(s.Trimmed, d.Seq)
+		s.Done = s.Done[1:]
+		if size <= limit {
+			// The count's and the trailer's lengths may have changed.
+			size = len(s.encode())
+		}
+	}
+}
+
+func uvarintLen(v uint64) int { return len(binary.AppendUvarint(nil, v)) }
+
 // stagedSession is a client session as one entry changes it. A MultiWrite
 // entry carries many ops of one session; rewriting the whole record (up to
 // MaxDonePerSession results) for each op made the entry's transaction grow
@@ -148,13 +175,13 @@ func (a *applyCtx) session(s int, client uint64) (*stagedSession, error) {
 		return st, nil
 	}
 	st := &stagedSession{shard: s, client: client, sess: &session{}}
-	v, err := raftgroup.GetValue(a.txn, sk)
+	v, err := a.value(sk)
 	if err != nil {
 		return nil, err
 	}
 	if v != nil {
 		if st.sess, err = decodeSession(v); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %v", errBadRecord, err)
 		}
 		st.stored = st.sess.LastNS
 	}
@@ -166,10 +193,25 @@ func (a *applyCtx) session(s int, client uint64) (*stagedSession, error) {
 // expiry index entries. It runs after every entry, so no other command ever
 // sees a session older than the transaction's.
 func (a *applyCtx) flushSessions() error {
+	dirty := 0
+	for _, st := range a.sessions {
+		if st.dirty {
+			dirty++
+		}
+	}
+	if dirty == 0 {
+		clear(a.sessions)
+		return nil
+	}
+	// The entry's session records share EntrySessionBytes (worstCase
+	// counts on it): a command touching many shards keeps fewer results
+	// per session. Trimming is always safe (see MaxDonePerSession).
+	limit := min(MaxSessionBytes, EntrySessionBytes/dirty)
 	for sk, st := range a.sessions {
 		if !st.dirty {
 			continue
 		}
+		st.sess.fit(limit)
 		if st.stored != 0 && st.stored != st.sess.LastNS {
 			if err := a.del(expiryKey(st.stored, st.shard, st.client)); err != nil {
 				return err

@@ -19,7 +19,7 @@ type smHarness struct {
 }
 
 func newSMHarness(t *testing.T) *smHarness {
-	db, err := badger.Open(badger.DefaultOptions(t.TempDir()).WithLogger(nil).WithMemTableSize(8 << 20))
+	db, err := badger.Open(badger.DefaultOptions(t.TempDir()).WithLogger(nil).WithMemTableSize(16 << 20)) // raftgroup's: the write budget assumes its limits
 	if err != nil {
 		t.Fatal(err)
 	}

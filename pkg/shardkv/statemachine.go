@@ -23,6 +23,7 @@ type StateMachine struct {
 	shards  map[int]ShardMeta // shards not NotOwned
 	logTime int64             // monotonic log clock (ns)
 	changed chan struct{}     // closed and replaced on every state change that loops care about
+	txnMax  budget            // badger's per-transaction limits, from Open
 
 	// Process-lifetime counters of shard data received and deleted through
 	// the log (every replica counts what it applies).
@@ -39,7 +40,14 @@ func NewStateMachine(gid uint64) *StateMachine {
 // GID is the group's id.
 func (sm *StateMachine) GID() uint64 { return sm.gid }
 
-func (sm *StateMachine) Open(db *badger.DB) (uint64, error) { return sm.store.Open(db) }
+func (sm *StateMachine) Open(db *badger.DB) (uint64, error) {
+	if err := checkLimits(db); err != nil {
+		return 0, err
+	}
+	// The real per-transaction limits (badger refuses at or above them).
+	sm.txnMax = budget{records: int(db.MaxBatchCount()), bytes: int(db.MaxBatchSize())}
+	return sm.store.Open(db)
+}
 
 func (sm *StateMachine) load(txn *badger.Txn) error {
 	sm.mu.Lock()

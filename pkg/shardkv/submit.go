@@ -21,10 +21,8 @@ import (
 // status), not executed (a *shardkvpb.Refusal), or outcome unknown
 // (wrapping shardkvpb.ErrOutcomeUnknown).
 func (g *Group) submit(ctx context.Context, ops []*shardkvpb.WriteOp) ([]OpResult, error) {
-	for _, op := range ops {
-		if err := g.checkOp(op); err != nil {
-			return nil, err
-		}
+	if err := g.CheckBatch(ops); err != nil {
+		return nil, err
 	}
 	out := make([]OpResult, len(ops))
 	var send []*shardkvpb.WriteOp
@@ -40,7 +38,7 @@ func (g *Group) submit(ctx context.Context, ops []*shardkvpb.WriteOp) ([]OpResul
 	if len(send) == 0 {
 		return out, nil
 	}
-	v, err := g.propose(ctx, &shardkvpb.GroupCommand{Writes: send})
+	v, err := g.propose(ctx, &shardkvpb.GroupCommand{Writes: send, MaxValueBytes: uint64(g.cfg.MaxValueBytes)})
 	if err != nil {
 		return nil, g.proposeError(err, send[0].Key)
 	}
@@ -114,6 +112,8 @@ func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if op == nil {
 		return invalid("missing write op")
 	}
+	// MaxKeyBytes is at most MaxKeyBytesLimit, so every stored form of an
+	// accepted key (value, tombstone and expiry index) fits badger.
 	if len(op.Key) > g.cfg.MaxKeyBytes {
 		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("key of %d bytes exceeds the limit of %d", len(op.Key), g.cfg.MaxKeyBytes), nil)
 	}

@@ -55,6 +55,17 @@ const (
 	OpErrNotFloat = "NOT_FLOAT"
 	// OpErrNaN: INCR_FLOAT would produce NaN or an infinity.
 	OpErrNaN = "NAN_OR_INFINITY"
+	// OpErrValueTooLarge: the value the op would leave (APPEND's result)
+	// exceeds the group's value limit.
+	OpErrValueTooLarge = "VALUE_TOO_LARGE"
+	// OpErrKeyTooLarge: the key, as stored, exceeds the storage's key limit
+	// (an entry that reached the log without the check before proposing).
+	OpErrKeyTooLarge = "KEY_TOO_LARGE"
+	// OpErrCommandTooLarge: the command's writes together exceed what one
+	// storage transaction holds; none of its ops ran.
+	OpErrCommandTooLarge = "COMMAND_TOO_LARGE"
+	// OpErrBadRecord: a stored record the op needed could not be decoded.
+	OpErrBadRecord = "BAD_RECORD"
 )
 
 // The two outcomes of a request that did not simply succeed or fail, as Go

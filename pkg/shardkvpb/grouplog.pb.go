@@ -42,7 +42,11 @@ type GroupCommand struct {
 	ExpireSessions bool `protobuf:"varint,7,opt,name=expire_sessions,json=expireSessions,proto3" json:"expire_sessions,omitempty"`
 	// Delete keys whose expiry is at or before the entry's time (bounded
 	// batch, serving shards only).
-	ExpireKeys    bool `protobuf:"varint,8,opt,name=expire_keys,json=expireKeys,proto3" json:"expire_keys,omitempty"`
+	ExpireKeys bool `protobuf:"varint,8,opt,name=expire_keys,json=expireKeys,proto3" json:"expire_keys,omitempty"`
+	// With writes: the largest value an op may leave (APPEND's result),
+	// the proposer's limit, carried in the log so that every replica refuses
+	// the same ops (VALUE_TOO_LARGE). 0: the state machine's own hard cap.
+	MaxValueBytes uint64 `protobuf:"varint,9,opt,name=max_value_bytes,json=maxValueBytes,proto3" json:"max_value_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -131,6 +135,13 @@ func (x *GroupCommand) GetExpireKeys() bool {
 		return x.ExpireKeys
 	}
 	return false
+}
+
+func (x *GroupCommand) GetMaxValueBytes() uint64 {
+	if x != nil {
+		return x.MaxValueBytes
+	}
+	return 0
 }
 
 type ShardRef struct {
@@ -284,7 +295,7 @@ var File_grouplog_proto protoreflect.FileDescriptor
 const file_grouplog_proto_rawDesc = "" +
 	"\n" +
 	"\x0egrouplog.proto\x12\n" +
-	"shardkv.v1\x1a\fctrler.proto\x1a\bkv.proto\"\xf6\x02\n" +
+	"shardkv.v1\x1a\fctrler.proto\x1a\bkv.proto\"\x9e\x03\n" +
 	"\fGroupCommand\x12+\n" +
 	"\x06writes\x18\x01 \x03(\v2\x13.shardkv.v1.WriteOpR\x06writes\x123\n" +
 	"\vnext_config\x18\x02 \x01(\v2\x12.shardkv.v1.ConfigR\n" +
@@ -295,7 +306,8 @@ const file_grouplog_proto_rawDesc = "" +
 	"\fdelete_chunk\x18\x06 \x01(\v2\x14.shardkv.v1.ShardRefR\vdeleteChunk\x12'\n" +
 	"\x0fexpire_sessions\x18\a \x01(\bR\x0eexpireSessions\x12\x1f\n" +
 	"\vexpire_keys\x18\b \x01(\bR\n" +
-	"expireKeys\"?\n" +
+	"expireKeys\x12&\n" +
+	"\x0fmax_value_bytes\x18\t \x01(\x04R\rmaxValueBytes\"?\n" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +

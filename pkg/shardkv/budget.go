@@ -1,0 +1,156 @@
+package shardkv
+
+import (
+	"fmt"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/routing"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/grpc/codes"
+)
+
+// What one write command may ask of storage. A write command is one log
+// entry and is applied in one badger transaction, so it must fit one: the
+// check before proposing (checkBudget) refuses a command whose worst case
+// does not, and apply refuses (COMMAND_TOO_LARGE, nothing written) one whose
+// real writes do not, which a command accepted here never reaches.
+//
+// The limits are constants, not read from the DB's options, because apply
+// decides with them: every replica must refuse the same entries whatever
+// its options. StateMachine.Open checks that the DB's real limits hold them.
+const (
+	// badgerMaxKey is badger's key limit (txn.go: 65,000 bytes).
+	badgerMaxKey = 65000
+	// longestKeyPrefix is what the longest stored key adds to a user key:
+	// the expiry index, 'x' expireAt:8 shard:2 (dataKey adds 4, the
+	// tombstone index 3).
+	longestKeyPrefix = 11
+	// MaxKeyBytesLimit is the largest user key every stored form of which
+	// fits badger: the default and the maximum of GroupConfig.MaxKeyBytes.
+	MaxKeyBytesLimit = badgerMaxKey - longestKeyPrefix
+	// MaxValueBytesLimit is the largest value a record may hold, whatever
+	// GroupConfig.MaxValueBytes says (badger's value-log file is 64 MiB).
+	MaxValueBytesLimit = 32 << 20
+	// EntryMaxRecords and EntryMaxBytes bound the records one write command
+	// writes (values, their indexes, sessions), counted as badger counts a
+	// transaction (recordCost). badger allows fewer than 26,214 records and
+	// 2,516,582 bytes per transaction with raftgroup's 16 MiB memtables;
+	// these leave room for the applied index and log time.
+	EntryMaxRecords = 24_000
+	EntryMaxBytes   = 2 << 20
+	// valueInline: a value this long or longer goes to badger's value log
+	// and counts as a 12-byte pointer (raftgroup's ValueThreshold, 1 MiB).
+	valueInline = 1 << 20
+	// badgerRecordOverhead is what badger adds per record: 2 meta bytes
+	// and an 8-byte version (+2).
+	badgerRecordOverhead = 12
+	// maxFloatValue bounds an INCRBYFLOAT result ('f' format of a float64).
+	maxFloatValue = 400
+)
+
+// recordCost is a record's size as badger counts it toward a transaction
+// (Entry.estimateSize plus the version), at most; a delete has no value.
+func recordCost(key, value int) int {
+	if value >= valueInline {
+		value = 12
+	}
+	return key + value + badgerRecordOverhead
+}
+
+// commitCost is what commit adds: the applied index and the log time.
+var commitCost = recordCost(len(keyApplied), 8) + recordCost(len(keyLogTime), 8)
+
+const commitRecords = 2
+
+// checkLimits refuses a DB whose transaction or value limits are smaller
+// than the constants above assume (a change of raftgroup's badger options).
+func checkLimits(db *badger.DB) error {
+	o := db.Opts()
+	switch {
+	case db.MaxBatchCount() <= EntryMaxRecords+commitRecords || db.MaxBatchSize() <= int64(EntryMaxBytes+commitCost):
+		return fmt.Errorf("badger allows %d records and %d bytes per transaction; a write command may need %d and %d",
+			db.MaxBatchCount(), db.MaxBatchSize(), EntryMaxRecords+commitRecords, EntryMaxBytes+commitCost)
+	case o.ValueThreshold > valueInline:
+		return fmt.Errorf("badger value threshold %d is above the %d the write budget assumes", o.ValueThreshold, valueInline)
+	case o.ValueLogFileSize < MaxValueBytesLimit+2*recordHeader:
+		return fmt.Errorf("badger value-log files of %d bytes cannot hold a %d-byte value", o.ValueLogFileSize, MaxValueBytesLimit)
+	}
+	return nil
+}
+
+// budget is a count of records and their badger bytes.
+type budget struct{ records, bytes int }
+
+func (b *budget) add(key, value int) {
+	b.records++
+	b.bytes += recordCost(key, value)
+}
+
+func (b budget) fits() bool { return b.records <= EntryMaxRecords && b.bytes <= EntryMaxBytes }
+
+// worstCase is the most a write command's ops may write at apply: each op
+// its value record, the tombstone index, the old expiry index entry and a
+// new one, with the largest value it may leave (maxValue for an op that
+// keeps or grows the current one); and per client session touched (one
+// per shard) its record and its two expiry index entries.
+func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
+	var b budget
+	type sess struct {
+		shard  int
+		client uint64
+	}
+	seen := map[sess]bool{}
+	for _, op := range ops {
+		k := len(op.Key)
+		v := 0
+		switch op.Kind {
+		case shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_CAS:
+			v = len(op.Value)
+		case shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_EXPIRE, shardkvpb.WriteOp_PERSIST:
+			v = maxValue
+		case shardkvpb.WriteOp_INCR:
+			v = 20
+		case shardkvpb.WriteOp_INCR_FLOAT:
+			v = maxFloatValue
+		}
+		b.add(4+k, recordHeader+v) // the record
+		b.add(3+k, 0)              // tombstone index, set or deleted
+		b.add(11+k, 0)             // old expiry index entry deleted
+		if op.Kind == shardkvpb.WriteOp_EXPIRE || (op.Kind == shardkvpb.WriteOp_PUT && op.ExpireAtMs != 0) {
+			b.add(11+k, 0) // new expiry index entry
+		}
+		if c := op.Session.GetClientId(); c != 0 {
+			seen[sess{routing.ShardOf(op.Key, max(shards, 1)), c}] = true
+		}
+	}
+	// Each session: its record (the entry's sessions share
+	// EntrySessionBytes, see flushSessions) and two expiry index entries.
+	n := len(seen)
+	b.records += 3 * n
+	b.bytes += n*(recordCost(len(sessionKey(0, 0)), 0)+2*recordCost(len(expiryKey(0, 0, 0)), 0)) + min(n*MaxSessionBytes, EntrySessionBytes)
+	return b
+}
+
+// checkBudget refuses, before proposing, ops that could not be applied in
+// one transaction.
+func (g *Group) checkBudget(ops []*shardkvpb.WriteOp) error {
+	b := worstCase(ops, len(g.sm.Config().Shards), g.cfg.MaxValueBytes)
+	if b.fits() {
+		return nil
+	}
+	return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge,
+		fmt.Sprintf("the command's %d ops may write %d records (%d bytes) to storage; one command may write at most %d records and %d bytes: send fewer keys per command",
+			len(ops), b.records, b.bytes, EntryMaxRecords, EntryMaxBytes), nil)
+}
+
+// CheckBatch reports whether ops may be proposed as one entry: nil, or the
+// error submit would refuse them with (invalid input, nothing executed). A
+// front end that batches independent commands can cut batches with it.
+func (g *Group) CheckBatch(ops []*shardkvpb.WriteOp) error {
+	for _, op := range ops {
+		if err := g.checkOp(op); err != nil {
+			return err
+		}
+	}
+	return g.checkBudget(ops)
+}
