@@ -255,52 +255,47 @@ func (e *env) testFirstRefused(t *testing.T) {
 	})
 	_, addr := extraServer(t, resp.Config{}, h)
 	tag := "{" + e.keyIn(gA, "fr:") + "}"
-	rdb := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: slow})
-	defer rdb.Close()
-	ctx := context.Background()
-	rdb.Ping(ctx)
-	// A plain client sees the refusals.
-	cmds, _ := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.Incr(ctx, tag+"a")
-		p.Incr(ctx, tag+"b")
-		p.Get(ctx, tag+"b")
-		p.Ping(ctx)
-		return nil
-	})
-	for i, want := range []string{"TRYAGAIN shard 3 is arriving", errFirstRefused, errFirstRefused, ""} {
-		got := ""
-		if err := cmds[i].Err(); err != nil {
-			got = err.Error()
-		}
-		expect(t, got, want, "command ", i)
+	c := dial(t, addr)
+	defer c.c.Close()
+	c.write(append(append(append(encode("incr", tag+"a"), encode("incr", tag+"b")...), encode("get", tag+"b")...), encode("ping")...))
+	for i, want := range []any{rerr("TRYAGAIN shard 3 is arriving"), rerr(errFirstRefused), rerr(errFirstRefused), status("PONG")} {
+		expect(t, c.read(), want, "reply ", i)
 	}
 	expect(t, e.do("get", tag+"b"), nil, "the refused INCR did not run")
 	// The next pipeline runs.
-	cmds, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.Incr(ctx, tag+"a")
-		p.Incr(ctx, tag+"b")
-		return nil
-	})
-	for i, c := range cmds {
-		expect(t, c.(*redis.IntCmd).Val(), int64(1), "resent INCR ", i)
-	}
-	// A ClusterClient resends the whole pipeline: each INCR applies once.
-	refuse.Store(true)
+	c.write(append(encode("incr", tag+"a"), encode("incr", tag+"b")...))
+	expect(t, c.read(), int64(1))
+	expect(t, c.read(), int64(1))
+
+	// go-redis clients, plain and cluster, resend the whole pipeline: each
+	// INCR applies once.
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: slow})
+	defer rdb.Close()
 	cc := e.cluster(&redis.ClusterOptions{Addrs: []string{addr},
 		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
 			return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: addr}}}}, nil
 		}})
-	cmds, err := cc.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.Incr(ctx, tag+"a")
-		p.Incr(ctx, tag+"b")
-		p.Incr(ctx, tag+"b")
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("cluster pipeline: %v", err)
-	}
-	for i, want := range []int64{2, 2, 3} {
-		expect(t, cmds[i].(*redis.IntCmd).Val(), want, "cluster INCR ", i)
+	a, b := int64(1), int64(1)
+	for _, client := range []redis.Cmdable{rdb, cc} {
+		client.Ping(ctx)
+		refuse.Store(true)
+		cmds, err := client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.Incr(ctx, tag+"a")
+			p.Incr(ctx, tag+"b")
+			p.Incr(ctx, tag+"b")
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%T pipeline: %v", client, err)
+		}
+		for i, want := range []int64{a + 1, b + 1, b + 2} {
+			expect(t, cmds[i].(*redis.IntCmd).Val(), want, fmt.Sprintf("%T INCR %d", client, i))
+		}
+		if refuse.Load() {
+			t.Errorf("%T: the refusal was not given", client)
+		}
+		a, b = a+1, b+2
 	}
 }
 
