@@ -177,20 +177,55 @@ func (cmd *command) keys(args [][]byte) [][]byte {
 	return out
 }
 
-// run runs the commands of one read, in order, and writes their replies.
-func (c *conn) run(cmds []redcon.Command) {
+// execute runs the connection's commands as the reader queues them, until
+// the reader is done, QUIT, or the client can take no more replies.
+func (c *conn) execute() {
+	defer c.out.close()
+	for {
+		cmds, end, done := c.q.take()
+		if len(cmds) > 0 {
+			c.run(cmds)
+		}
+		if c.quit || c.out.broken() {
+			c.q.stop()
+			return
+		}
+		if done {
+			if end != nil {
+				c.out.put(end)
+			}
+			return
+		}
+	}
+}
+
+// run runs queued commands, in order; their replies go to the outbox as
+// each round of the pipeline completes.
+func (c *conn) run(cmds []queued) {
 	p := &pipeline{c: c}
 	for _, cmd := range cmds {
-		if c.quit {
-			break // QUIT: Redis ignores what follows
+		if c.quit || c.out.broken() {
+			break // QUIT: Redis ignores what follows; a gone client: stop
+		}
+		if cmd.first {
+			c.burst = burst{}
 		}
 		c.s.stats.commands.Add(1)
-		c.dispatch(p, cmd.Args)
+		p.deadline = cmd.deadline
+		before := p.last
+		c.dispatch(p, cmd.args)
+		if !cmd.first || p.last == before {
+			continue
+		}
+		// The first command of a burst runs alone, so its outcome is known
+		// before anything after it runs: see burst.
+		p.barrier()
+		if retryable(p.last.out) {
+			c.burst.refuseUntil = cmd.deadline.Add(c.s.cfg.PipelineTimeout)
+		}
 	}
 	p.barrier()
-	for _, it := range p.items {
-		c.wr.WriteRaw(it.out)
-	}
+	p.emit()
 }
 
 // dispatch checks a command as Redis does, in Redis's order (lookup,
@@ -227,6 +262,11 @@ func (c *conn) dispatch(p *pipeline, args [][]byte) {
 				return
 			}
 		}
+	}
+	if slot >= 0 && c.burst.refuses(p.deadline) {
+		c.s.stats.refused.Add(1)
+		p.reply(errReply(errEarlierRefused))
+		return
 	}
 	c.noteCommand(cmd.name)
 	cmd.run(c, p, args, slot)

@@ -53,9 +53,15 @@ func (c *conn) sizeError(key []byte, vals ...[]byte) []byte {
 	return nil
 }
 
-// readKeys adds a read of keys (of slot) to the pipeline.
+// readKeys adds a read of keys (of slot) to the pipeline; render uses
+// their values only (not their expiry times: see readTTL).
 func (c *conn) readKeys(p *pipeline, slot int, keys [][]byte, render func([]shardkv.ValueEntry) []byte) {
 	p.read(&item{slot: slot, keys: keys, follower: c.readonly, onRead: render})
+}
+
+// readTTL adds a read of keys whose render uses their expiry times.
+func (c *conn) readTTL(p *pipeline, slot int, keys [][]byte, render func([]shardkv.ValueEntry) []byte) {
+	p.read(&item{slot: slot, keys: keys, follower: c.readonly, ttl: true, onRead: render})
 }
 
 // writeOps adds a write of ops (of slot) to the pipeline.
@@ -118,7 +124,7 @@ func cmdExists(c *conn, p *pipeline, args [][]byte, slot int) {
 // Redis does).
 func cmdTTL(c *conn, p *pipeline, args [][]byte, slot int) {
 	ms := strings.EqualFold(string(args[0]), "pttl")
-	c.readKeys(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
+	c.readTTL(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
 		switch {
 		case !v[0].Found:
 			return redcon.AppendInt(nil, -2)

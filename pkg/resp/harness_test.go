@@ -80,7 +80,7 @@ func newWorld(t *testing.T) *kvtest.World {
 			}
 			// Long timeouts, for the same reason: a slow write would answer
 			// "outcome unknown". The outcome tests use their own servers.
-			s := resp.New(resp.Config{WriteTimeout: slow, ReadTimeout: slow, Logger: rgtest.Logger()}, g)
+			s := resp.New(resp.Config{WriteTimeout: slow, ReadTimeout: slow, PipelineTimeout: slow, Logger: rgtest.Logger()}, g)
 			go s.Serve(ln)
 			return func() { s.Close() }
 		}})
@@ -199,6 +199,9 @@ func extraServer(t *testing.T, cfg resp.Config, b resp.Backend) (*resp.Server, s
 	}
 	if cfg.ReadTimeout == 0 {
 		cfg.ReadTimeout = slow
+	}
+	if cfg.PipelineTimeout == 0 {
+		cfg.PipelineTimeout = slow
 	}
 	s := resp.New(cfg, b)
 	done := make(chan struct{})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -15,9 +16,17 @@ import (
 // (1 MiB by default); 256 KiB of keys and values keeps a batch well under
 // that and its apply short. One command is never split, so a single large
 // command goes alone.
+//
+// maxBatchWritten bounds what a batch is estimated to write to storage
+// (written): a batch is applied in one badger transaction, whose limit
+// (about 2.4 MiB) counts every write, so ten thousand APPENDs to one 50 KB
+// key are 500 MB even though the ops carry a few bytes each.
 const (
-	maxBatchOps   = 1024
-	maxBatchBytes = 256 << 10
+	maxBatchOps     = 1024
+	maxBatchBytes   = 256 << 10
+	maxBatchWritten = 1 << 20
+	// maxKnownSizes bounds a connection's map of value sizes (written).
+	maxKnownSizes = 4096
 )
 
 // outcomeUnknown is the reply to a write that was proposed but whose result
@@ -26,62 +35,165 @@ const (
 // retry could apply the write twice.
 const outcomeUnknown = "ERR outcome unknown: the write was proposed but its result is unknown (leader change or timeout); read the key before retrying"
 
+// readUnknown is the reply to a read made inside a write batch whose
+// outcome is unknown. Not a retry error either: a client resending its
+// whole pipeline for it would resend the writes.
+const readUnknown = "ERR read failed: it was made in a write batch whose outcome is unknown (leader change or timeout)"
+
+// errLate is the reply to a command still waiting for its turn when its
+// pipeline's deadline was near: it did not execute and never will.
+const errLate = "TRYAGAIN not executed: the command waited too long behind the rest of its pipeline; please retry"
+
 // item is one command of a pipeline: its reply once known, or the read or
 // write it waits for.
 type item struct {
-	out  []byte
-	slot int
+	out      []byte
+	slot     int
+	deadline time.Time // when the reply is due (the command's)
 
 	// A keyed read: keys of slot, rendered by onRead.
 	keys     [][]byte
 	follower bool
+	ttl      bool // it needs the keys' expiry times (not a log read)
+	logRead  bool // made as ops of a write batch (see read)
 	onRead   func(vals []shardkv.ValueEntry) []byte
 
-	// A write: ops (of slot), rendered by onWrite when none was refused.
+	// A write: ops (of slot), rendered by onWrite when none was refused;
+	// res are their results once known.
 	ops     []*shardkvpb.WriteOp
 	onWrite func(res []*shardkvpb.WriteResult) []byte
+	res     []*shardkvpb.WriteResult
 }
 
-// pipeline runs the commands of one read from a connection, in order, and
-// keeps their replies in order. Consecutive writes are combined into one
-// WriteBatch (one log entry, applied in order); consecutive reads share one
-// ReadKeys call per slot, run concurrently. A read after a write waits for the
-// write batch (it must see it), and a write after reads waits for them (they
-// must not see it); commands that read local state call barrier first.
-// Replies that need no backend (PING, errors) do not break a batch.
+// pipeline runs queued commands of a connection in order, in rounds, and
+// puts their replies in the outbox, in order, as each round completes (so a
+// client's read timeout measures the server's latency, not the pipeline's
+// length). Consecutive writes are combined into one WriteBatch (one log
+// entry, applied in order), bounded so that a round stays short; a read
+// after a write joins its batch as a log read, so (GET, INCR, APPEND)
+// triples cost a round per batch rather than two per triple; other reads
+// share one ReadKeys call per slot, run concurrently. A write after reads
+// waits for them (they must not see it); commands that read local state
+// call barrier first. Replies that need no backend (PING, errors) do not
+// break a batch.
 type pipeline struct {
-	c      *conn
-	items  []*item
-	reads  []*item
-	writes []*item
-	nops   int
-	nbytes int
+	c        *conn
+	items    []*item // not yet in the outbox, in order
+	last     *item   // the last item added
+	deadline time.Time
+
+	reads    []*item
+	nkeys    int
+	writes   []*item
+	nops     int
+	nbytes   int
+	nwritten int
+}
+
+func (p *pipeline) add(it *item) {
+	it.deadline = p.deadline
+	p.items = append(p.items, it)
+	p.last = it
 }
 
 // reply adds a command whose reply is already known.
-func (p *pipeline) reply(b []byte) { p.items = append(p.items, &item{out: b}) }
+func (p *pipeline) reply(b []byte) { p.add(&item{out: b}) }
 
-// read adds a keyed read.
+// read adds a keyed read. After a write of this pipeline (which it must
+// see) it is made inside the write batch, at its place in the log, rather
+// than in a ReadIndex round after it; reads of a READONLY connection (a
+// follower's) and reads of expiry times still wait for the batch.
 func (p *pipeline) read(it *item) {
+	if len(p.writes) > 0 && !it.follower && !it.ttl {
+		it.logRead, it.ops = true, logReadOps(it.keys)
+		p.write(it)
+		return
+	}
 	p.flushWrites()
-	p.items = append(p.items, it)
+	if len(p.reads) > 0 && p.nkeys+len(it.keys) > maxBatchOps {
+		p.flushReads()
+	}
+	p.add(it)
 	p.reads = append(p.reads, it)
+	p.nkeys += len(it.keys)
+}
+
+// logReadOps read keys inside a write batch: each an EXPIRE that never
+// applies (a time of 0 is never greater than a key's expiry, and no expiry
+// counts as an infinite one) and returns the key's live value as of its
+// place in the log.
+func logReadOps(keys [][]byte) []*shardkvpb.WriteOp {
+	ops := make([]*shardkvpb.WriteOp, len(keys))
+	for i, k := range keys {
+		ops[i] = &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_EXPIRE, Cond: shardkvpb.WriteOp_IF_GREATER, Key: k, ReturnPrev: true}
+	}
+	return ops
 }
 
 // write adds a write.
 func (p *pipeline) write(it *item) {
 	p.flushReads()
-	size := 0
+	size, written := 0, 0
 	for _, op := range it.ops {
 		size += len(op.Key) + len(op.Value) + 16
+		if !it.logRead {
+			written += p.written(op)
+		}
 	}
-	if len(p.writes) > 0 && (p.nops+len(it.ops) > maxBatchOps || p.nbytes+size > maxBatchBytes) {
+	if len(p.writes) > 0 && (p.nops+len(it.ops) > maxBatchOps || p.nbytes+size > maxBatchBytes || p.nwritten+written > maxBatchWritten) {
 		p.flushWrites()
 	}
-	p.items = append(p.items, it)
+	p.add(it)
 	p.writes = append(p.writes, it)
 	p.nops += len(it.ops)
 	p.nbytes += size
+	p.nwritten += written
+}
+
+// written estimates what op writes to storage: its key and the value it
+// leaves. For APPEND, EXPIRE and PERSIST, which rewrite a value they do not
+// carry, that is the value's size as last seen by this connection (a reply
+// or an earlier op of its pipeline), or the value limit if unknown. It
+// notes the size op leaves for the ops after it.
+func (p *pipeline) written(op *shardkvpb.WriteOp) int {
+	sizes := p.c.sizes
+	if len(sizes) >= maxKnownSizes {
+		clear(sizes)
+	}
+	k, limit := string(op.Key), p.c.s.cfg.MaxValueBytes
+	known := func() int {
+		if n, ok := sizes[k]; ok {
+			return n
+		}
+		return limit
+	}
+	var n int
+	switch op.Kind {
+	case shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_CAS:
+		n = len(op.Value)
+	case shardkvpb.WriteOp_APPEND:
+		n = min(known()+len(op.Value), limit)
+	case shardkvpb.WriteOp_EXPIRE, shardkvpb.WriteOp_PERSIST:
+		n = known()
+	case shardkvpb.WriteOp_INCR, shardkvpb.WriteOp_INCR_FLOAT:
+		n = 32
+	}
+	sizes[k] = n
+	return len(op.Key) + n + 32
+}
+
+// learn notes the value sizes that write results tell (see written).
+func (p *pipeline) learn(items []*item) {
+	for _, it := range items {
+		if it.logRead || len(it.res) != len(it.ops) {
+			continue
+		}
+		for i, op := range it.ops {
+			if r := it.res[i]; op.Kind == shardkvpb.WriteOp_APPEND && r.Ok && r.Error == "" {
+				p.c.sizes[string(op.Key)] = int(r.Num)
+			}
+		}
+	}
 }
 
 // barrier runs whatever batch is pending.
@@ -90,9 +202,55 @@ func (p *pipeline) barrier() {
 	p.flushWrites()
 }
 
+// emit puts the replies known so far, up to the first one still pending,
+// into the outbox (waiting there while the client's output is full).
+func (p *pipeline) emit() {
+	n, size := 0, 0
+	for n < len(p.items) && p.items[n].out != nil {
+		size += len(p.items[n].out)
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	b := make([]byte, 0, size)
+	for _, it := range p.items[:n] {
+		b = append(b, it.out...)
+	}
+	clear(p.items[:n])
+	p.items = p.items[n:]
+	p.c.out.put(b)
+}
+
+// late answers the items whose deadline is too near to start them (less
+// than a quarter of PipelineTimeout left) with errLate and returns the
+// others. Items are in the order they were read, so the late ones come
+// first.
+func (s *Server) late(items []*item) []*item {
+	cut := time.Now().Add(s.cfg.PipelineTimeout / 4)
+	n := 0
+	for n < len(items) && items[n].deadline.Before(cut) {
+		s.stats.refused.Add(1)
+		items[n].out = errReply(errLate)
+		n++
+	}
+	return items[n:]
+}
+
+// roundContext bounds a round: timeout, and the deadline of its first
+// command (the earliest).
+func (s *Server) roundContext(timeout time.Duration, first *item) (context.Context, context.CancelFunc) {
+	d := time.Now().Add(timeout)
+	if !first.deadline.IsZero() && first.deadline.Before(d) {
+		d = first.deadline
+	}
+	return context.WithDeadline(s.ctx, d)
+}
+
 // readGroup is the reads of one slot (and READONLY state) in a batch.
 type readGroup struct {
 	follower bool
+	first    *item // the earliest
 	keys     [][]byte
 	items    []*item
 	vals     []shardkv.ValueEntry
@@ -104,8 +262,9 @@ func (p *pipeline) flushReads() {
 	if len(p.reads) == 0 {
 		return
 	}
-	items := p.reads
-	p.reads = nil
+	items := p.c.s.late(p.reads)
+	p.reads, p.nkeys = nil, 0
+	defer p.emit()
 	type gkey struct {
 		slot     int
 		follower bool
@@ -116,7 +275,7 @@ func (p *pipeline) flushReads() {
 		k := gkey{it.slot, it.follower}
 		g := byKey[k]
 		if g == nil {
-			g = &readGroup{follower: it.follower}
+			g = &readGroup{follower: it.follower, first: it}
 			byKey[k] = g
 			groups = append(groups, g)
 		}
@@ -152,7 +311,7 @@ func (p *pipeline) flushReads() {
 
 // read runs one read group.
 func (s *Server) read(g *readGroup) {
-	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReadTimeout)
+	ctx, cancel := s.roundContext(s.cfg.ReadTimeout, g.first)
 	defer cancel()
 	g.vals, g.err = s.b.ReadKeys(ctx, g.keys, g.follower)
 	if g.err == nil && len(g.vals) != len(g.keys) {
@@ -181,18 +340,26 @@ func (p *pipeline) flushWrites() {
 		return
 	}
 	items := p.writes
-	p.writes, p.nops, p.nbytes = nil, 0, 0
+	p.writes, p.nops, p.nbytes, p.nwritten = nil, 0, 0, 0
 	p.c.s.runWrites(items)
+	p.learn(items)
+	p.emit()
 }
 
 // runWrites proposes the ops of items as one WriteBatch and sets each
-// item's reply.
+// item's reply. Items too near their deadline are refused instead
+// (nothing is proposed for them), and the wait for the batch ends at the
+// deadline of its first item: a write is never proposed after its
+// deadline, nor answered after it.
 func (s *Server) runWrites(items []*item) {
+	if items = s.late(items); len(items) == 0 {
+		return
+	}
 	var ops []*shardkvpb.WriteOp
 	for _, it := range items {
 		ops = append(ops, it.ops...)
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.WriteTimeout)
+	ctx, cancel := s.roundContext(s.cfg.WriteTimeout, items[0])
 	outs, err := s.b.WriteBatch(ctx, ops)
 	cancel()
 	var ref *shardkvpb.Refusal
@@ -246,6 +413,10 @@ func (s *Server) runWrites(items []*item) {
 
 func (s *Server) unknown(items []*item) {
 	for _, it := range items {
+		if it.logRead {
+			it.out = redcon.AppendError(nil, readUnknown)
+			continue
+		}
 		s.stats.unknown.Add(1)
 		it.out = redcon.AppendError(nil, outcomeUnknown)
 	}
@@ -272,6 +443,9 @@ func (s *Server) writeReply(it *item, outs []shardkv.WriteOutcome) []byte {
 		case o.Err != nil || o.Result == nil:
 			// Not a refusal: nothing proves it did not run.
 			s.log.Error("unexpected write outcome", "err", o.Err)
+			if it.logRead {
+				return redcon.AppendError(nil, readUnknown)
+			}
 			s.stats.unknown.Add(1)
 			return redcon.AppendError(nil, outcomeUnknown)
 		}
@@ -285,6 +459,14 @@ func (s *Server) writeReply(it *item, outs []shardkv.WriteOutcome) []byte {
 		// refuses all or none. Should it not, part ran: no redirect.
 		s.log.Error("command partially refused", "ops", len(outs), "refused", refused)
 		return redcon.AppendError(nil, "ERR the command was partially executed (its slot changed owner meanwhile)")
+	}
+	it.res = res
+	if it.logRead {
+		vals := make([]shardkv.ValueEntry, len(res))
+		for i, r := range res {
+			vals[i] = shardkv.ValueEntry{Found: r.PrevFound, Value: r.Prev}
+		}
+		return it.onRead(vals)
 	}
 	for _, r := range res {
 		if r.Error != "" {

@@ -15,11 +15,12 @@
 // clients do not retry on their own, and the connection stays open (an I/O
 // error would make them retry too).
 //
-// The server owns its accept loop and uses redcon only to parse and write
-// RESP, so that it can bound the request size and the number of clients and
-// see each connection's pipeline as a whole: consecutive writes of a
-// pipeline become one Raft log entry, consecutive reads share ReadIndex
-// rounds, and the replies are flushed once.
+// The server owns its accept loop and uses redcon only to parse RESP, so
+// that it can bound the request size and the number of clients. Each
+// connection has a reader, an executor and a writer (queue.go, output.go):
+// commands keep being read while others run, consecutive writes of a
+// pipeline become one Raft log entry, and replies stream back in order as
+// each round of the pipeline completes (pipeline.go).
 package resp
 
 import (
@@ -78,10 +79,20 @@ const (
 	DefaultWriteTimeout = 2 * time.Second
 	// DefaultReadTimeout bounds a read (ReadIndex round and local read).
 	DefaultReadTimeout = 2 * time.Second
+	// DefaultPipelineTimeout bounds a command from being read to its reply,
+	// however many commands are ahead of it, below go-redis's 3s read
+	// timeout (which is one deadline for a whole pipeline's replies).
+	DefaultPipelineTimeout = 2 * time.Second
+	// DefaultMaxQueuedBytes bounds a connection's commands read but not yet
+	// run; DefaultMaxOutputBytes its replies not yet written. Past either,
+	// the connection's further commands are not read until they drain.
+	DefaultMaxQueuedBytes = 16 << 20
+	DefaultMaxOutputBytes = 16 << 20
 )
 
 // flushTimeout bounds writing one batch of replies to a client, so a client
-// that stops reading cannot pin a connection forever.
+// that stops reading cannot pin a connection forever (its commands stop
+// being read once its output is full, so this is the only wait).
 const flushTimeout = 30 * time.Second
 
 // Config configures a Server.
@@ -107,6 +118,18 @@ type Config struct {
 	WriteTimeout time.Duration
 	// ReadTimeout bounds a read (default 2s).
 	ReadTimeout time.Duration
+	// PipelineTimeout bounds a command from being read to its reply
+	// (default 2s). A command still waiting for its turn when less than a
+	// quarter of it is left is refused with TRYAGAIN and not executed; a
+	// write proposed but not applied by then gets the outcome-unknown
+	// error.
+	PipelineTimeout time.Duration
+	// MaxQueuedBytes and MaxOutputBytes bound a connection's commands read
+	// but not yet run and its replies not yet written (16 MiB each by
+	// default); past them the server stops reading the connection until
+	// they drain.
+	MaxQueuedBytes int
+	MaxOutputBytes int
 	// Version is reported by INFO as shardkv_version (default: the
 	// module version from the build info).
 	Version string
@@ -169,6 +192,15 @@ func New(cfg Config, b Backend) *Server {
 	}
 	if cfg.ReadTimeout <= 0 {
 		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.PipelineTimeout <= 0 {
+		cfg.PipelineTimeout = DefaultPipelineTimeout
+	}
+	if cfg.MaxQueuedBytes <= 0 {
+		cfg.MaxQueuedBytes = DefaultMaxQueuedBytes
+	}
+	if cfg.MaxOutputBytes <= 0 {
+		cfg.MaxOutputBytes = DefaultMaxOutputBytes
 	}
 	if cfg.Version == "" {
 		cfg.Version = "dev"
@@ -380,16 +412,20 @@ func (cw countingWriter) Write(p []byte) (int, error) {
 // CLIENT LIST from other connections, so they are written under mu (and
 // read without it by the owner).
 type conn struct {
-	s  *Server
-	nc net.Conn
-	cr *countingReader
-	rd *redcon.Reader
-	wr *redcon.Writer
+	s   *Server
+	nc  net.Conn
+	cr  *countingReader
+	rd  *redcon.Reader
+	q   *cmdQueue // reader -> executor
+	out *outbox   // executor -> writer
+	w   io.Writer // the connection, counting reply bytes
 
 	id      int64
 	created time.Time
 	authed  bool
 	quit    bool // QUIT: close after the replies are flushed
+	burst   burst
+	sizes   map[string]int // value sizes last seen (pipeline.written)
 
 	mu       sync.Mutex
 	readonly bool // READONLY: reads may be served by this replica as a follower
@@ -403,33 +439,49 @@ type conn struct {
 func newConn(s *Server, nc net.Conn, id int64) *conn {
 	cr := &countingReader{r: nc, limit: int64(s.cfg.MaxRequestBytes), stats: &s.stats.in}
 	now := time.Now()
-	return &conn{s: s, nc: nc, cr: cr, rd: redcon.NewReader(cr), wr: redcon.NewWriter(countingWriter{nc, &s.stats.out}),
-		id: id, created: now, lastAt: now, authed: s.cfg.Password == ""}
+	return &conn{s: s, nc: nc, cr: cr, rd: redcon.NewReader(cr),
+		q: newCmdQueue(s.cfg.MaxQueuedBytes), out: newOutbox(s.cfg.MaxOutputBytes), w: countingWriter{nc, &s.stats.out},
+		id: id, created: now, lastAt: now, authed: s.cfg.Password == "", sizes: map[string]int{}}
 }
 
-// serve reads pipelines of commands, runs them and flushes their replies,
-// until the client leaves, QUIT, a protocol error or Close.
+// serve reads commands and queues them for the executor (which runs them
+// and puts their replies in the outbox, which the writer writes), until the
+// client leaves, QUIT, a protocol error or Close. The commands read before
+// the client left still run and get their replies.
 func (c *conn) serve() {
-	defer c.nc.Close()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		c.execute()
+	}()
+	go func() {
+		defer wg.Done()
+		c.writeLoop()
+	}()
+	defer wg.Wait()
 	for {
 		cmds, err := c.rd.ReadCommands()
 		if err != nil {
-			c.readFailed(err)
+			c.q.finish(c.readFailed(err))
 			return
 		}
 		c.cr.done(cmds)
-		c.run(cmds)
-		_ = c.nc.SetWriteDeadline(time.Now().Add(flushTimeout))
-		if err := c.wr.Flush(); err != nil || c.quit {
+		args := make([][][]byte, len(cmds))
+		for i, cmd := range cmds {
+			args[i] = cmd.Args // redcon copies each command off its buffer
+		}
+		if !c.q.push(args, c.out, c.s.cfg.PipelineTimeout) {
 			return
 		}
 	}
 }
 
-// readFailed answers a malformed or oversized request with a protocol error
+// readFailed is the reply to a malformed or oversized request (nil for
+// EOF and the like), written after the replies to the commands before it,
 // before the connection closes. Nothing of the failing read runs: redcon
 // drops the whole buffer on a parse error.
-func (c *conn) readFailed(err error) {
+func (c *conn) readFailed(err error) []byte {
 	var msg string
 	switch {
 	case errors.Is(err, errRequestTooLarge):
@@ -438,11 +490,9 @@ func (c *conn) readFailed(err error) {
 		// redcon's parse errors (its error type is unexported).
 		msg = "ERR " + err.Error()
 	default:
-		return // EOF, reset, or Close
+		return nil // EOF, reset, or Close
 	}
 	c.s.stats.protoErrs.Add(1)
 	c.s.log.Debug("protocol error", "client", c.nc.RemoteAddr().String(), "err", msg)
-	_ = c.nc.SetWriteDeadline(time.Now().Add(time.Second))
-	c.wr.WriteError(msg)
-	_ = c.wr.Flush()
+	return errReply(msg)
 }

@@ -1,0 +1,99 @@
+package resp
+
+import (
+	"sync"
+	"time"
+)
+
+// queued is one command read from the client and not yet run.
+type queued struct {
+	args [][]byte
+	// deadline is when the command must have its reply: it was read
+	// PipelineTimeout before. A command not yet proposed near it is refused
+	// as not executed; a proposed one is answered by then.
+	deadline time.Time
+	// first marks the first command of a burst: it was read while the
+	// connection was idle (nothing queued or running, every reply
+	// written), so a client that waits for its replies, as every
+	// pipelining client does, began a new pipeline with it.
+	first bool
+}
+
+// cmdQueue hands commands from the connection's reader to its executor. It
+// is bounded: the reader waits while max bytes of commands are queued, so a
+// client whose commands run slower than it sends them, or who does not read
+// its replies (the outbox fills and the executor waits), stops being read.
+type cmdQueue struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	cmds    []queued
+	bytes   int
+	max     int
+	busy    bool   // the executor is running commands it took
+	ended   bool   // the reader is done
+	end     []byte // its last reply (a protocol error), if any
+	stopped bool   // the executor is done: push refuses
+}
+
+func newCmdQueue(max int) *cmdQueue {
+	q := &cmdQueue{max: max}
+	q.cond = sync.NewCond(&q.mu)
+	return q
+}
+
+// push queues the commands of one read, waiting while the queue is full.
+// It reports false once the executor has stopped (QUIT, a failed write).
+func (q *cmdQueue) push(cmds [][][]byte, out *outbox, timeout time.Duration) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for q.bytes >= q.max && !q.stopped {
+		q.cond.Wait()
+	}
+	if q.stopped {
+		return false
+	}
+	now := time.Now()
+	first := len(q.cmds) == 0 && !q.busy && out.idle()
+	for i, args := range cmds {
+		q.cmds = append(q.cmds, queued{args: args, deadline: now.Add(timeout), first: first && i == 0})
+		for _, a := range args {
+			q.bytes += len(a) + 16
+		}
+	}
+	q.cond.Broadcast()
+	return true
+}
+
+// finish tells the executor that no command follows; end, if not nil, is
+// the reply to write after the queued commands' replies.
+func (q *cmdQueue) finish(end []byte) {
+	q.mu.Lock()
+	q.ended, q.end = true, end
+	q.cond.Broadcast()
+	q.mu.Unlock()
+}
+
+// take waits for commands and takes all of them. Once the reader is done
+// and nothing is queued it returns done and the reader's last reply.
+func (q *cmdQueue) take() (cmds []queued, end []byte, done bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.busy = false
+	for len(q.cmds) == 0 && !q.ended {
+		q.cond.Wait()
+	}
+	if len(q.cmds) == 0 {
+		return nil, q.end, true
+	}
+	cmds, q.cmds, q.bytes, q.busy = q.cmds, nil, 0, true
+	q.cond.Broadcast()
+	return cmds, nil, false
+}
+
+// stop refuses further commands.
+func (q *cmdQueue) stop() {
+	q.mu.Lock()
+	q.stopped = true
+	q.cond.Broadcast()
+	q.mu.Unlock()
+}
