@@ -88,6 +88,10 @@ type pipeline struct {
 	nops     int
 	nbytes   int
 	nwritten int
+	// wkeys: the batch's estimate per key written (see written): the
+	// backend buffers a batch's writes with the last write of each key
+	// winning, so a key costs once whatever the number of its ops.
+	wkeys map[string]int
 }
 
 func (p *pipeline) add(it *item) {
@@ -133,16 +137,36 @@ func logReadOps(keys [][]byte) []*shardkvpb.WriteOp {
 // write adds a write.
 func (p *pipeline) write(it *item) {
 	p.flushReads()
-	size, written := 0, 0
+	size := 0
 	for _, op := range it.ops {
 		size += len(op.Key) + len(op.Value) + 16
-		if !it.logRead {
-			written += p.written(op)
-		}
 	}
-	if len(p.writes) > 0 && (p.nops+len(it.ops) > maxBatchOps || p.nbytes+size > maxBatchBytes || p.nwritten+written > maxBatchWritten) {
+	grow := func(commit bool) int {
+		written := 0
+		for _, op := range it.ops {
+			if it.logRead {
+				continue
+			}
+			k, n := string(op.Key), p.written(op, commit)
+			if old, ok := p.wkeys[k]; ok {
+				written += max(n-old, 0)
+				n = max(n, old)
+			} else {
+				written += n
+			}
+			if commit {
+				p.wkeys[k] = n
+			}
+		}
+		return written
+	}
+	if p.wkeys == nil {
+		p.wkeys = map[string]int{}
+	}
+	if len(p.writes) > 0 && (p.nops+len(it.ops) > maxBatchOps || p.nbytes+size > maxBatchBytes || p.nwritten+grow(false) > maxBatchWritten) {
 		p.flushWrites()
 	}
+	written := grow(true)
 	p.add(it)
 	p.writes = append(p.writes, it)
 	p.nops += len(it.ops)
@@ -154,8 +178,8 @@ func (p *pipeline) write(it *item) {
 // leaves. For APPEND, EXPIRE and PERSIST, which rewrite a value they do not
 // carry, that is the value's size as last seen by this connection (a reply
 // or an earlier op of its pipeline), or the value limit if unknown. It
-// notes the size op leaves for the ops after it.
-func (p *pipeline) written(op *shardkvpb.WriteOp) int {
+// notes the size op leaves for the ops after it if commit.
+func (p *pipeline) written(op *shardkvpb.WriteOp, commit bool) int {
 	sizes := p.c.sizes
 	if len(sizes) >= maxKnownSizes {
 		clear(sizes)
@@ -178,7 +202,9 @@ func (p *pipeline) written(op *shardkvpb.WriteOp) int {
 	case shardkvpb.WriteOp_INCR, shardkvpb.WriteOp_INCR_FLOAT:
 		n = 32
 	}
-	sizes[k] = n
+	if commit {
+		sizes[k] = n
+	}
 	return len(op.Key) + n + 32
 }
 
@@ -341,6 +367,7 @@ func (p *pipeline) flushWrites() {
 	}
 	items := p.writes
 	p.writes, p.nops, p.nbytes, p.nwritten = nil, 0, 0, 0
+	clear(p.wkeys)
 	p.c.s.runWrites(items)
 	p.learn(items)
 	p.emit()

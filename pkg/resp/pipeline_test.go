@@ -134,10 +134,10 @@ func TestPipelineExactlyOnce(t *testing.T) {
 	if timeouts > 0 {
 		t.Errorf("%d commands saw an I/O timeout", timeouts)
 	}
-	// Liveness, loosely: under -race on a busy machine most of the
-	// pipeline may be refused as late (safely), but not all of it.
-	if ok == 0 {
-		t.Errorf("none of %d appends succeeded", n)
+	// Liveness: the pipeline is answered, not refused. (Before replies
+	// streamed and reads joined write batches, none of it was.)
+	if ok < n/2 {
+		t.Errorf("only %d of %d appends succeeded", ok, n)
 	}
 }
 

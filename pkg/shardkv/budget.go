@@ -88,11 +88,15 @@ func (b *budget) add(key, value int) {
 
 func (b budget) fits() bool { return b.records <= EntryMaxRecords && b.bytes <= EntryMaxBytes }
 
-// worstCase is the most a write command's ops may write at apply: each op
-// its value record, the tombstone index, the old expiry index entry and a
-// new one, with the largest value it may leave (maxValue for an op that
-// keeps or grows the current one); and per client session touched (one
-// per shard) its record and its two expiry index entries.
+// worstCase is the most a write command's ops may write at apply. apply
+// buffers a command's records with the last write of each key winning, so
+// a key written by several ops (a pipeline's APPENDs to one log key) costs
+// once: its value record, with the largest value any of its ops may leave
+// (maxValue for an op that keeps or grows the current one), its tombstone
+// index and the delete of its old expiry index entry; plus one new expiry
+// index entry per op that may set one (each may name a different time).
+// Per client session touched (one per shard): its record and its two
+// expiry index entries.
 func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 	var b budget
 	type sess struct {
@@ -100,6 +104,8 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 		client uint64
 	}
 	seen := map[sess]bool{}
+	largest := map[string]int{} // distinct keys: the largest value left
+	var order []string
 	for _, op := range ops {
 		k := len(op.Key)
 		v := 0
@@ -113,15 +119,25 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 		case shardkvpb.WriteOp_INCR_FLOAT:
 			v = maxFloatValue
 		}
-		b.add(4+k, recordHeader+v) // the record
-		b.add(3+k, 0)              // tombstone index, set or deleted
-		b.add(11+k, 0)             // old expiry index entry deleted
+		ks := string(op.Key)
+		if prev, ok := largest[ks]; !ok {
+			order = append(order, ks)
+			largest[ks] = v
+		} else if v > prev {
+			largest[ks] = v
+		}
 		if op.Kind == shardkvpb.WriteOp_EXPIRE || (op.Kind == shardkvpb.WriteOp_PUT && op.ExpireAtMs != 0) {
 			b.add(11+k, 0) // new expiry index entry
 		}
 		if c := op.Session.GetClientId(); c != 0 {
 			seen[sess{routing.ShardOf(op.Key, max(shards, 1)), c}] = true
 		}
+	}
+	for _, ks := range order {
+		k := len(ks)
+		b.add(4+k, recordHeader+largest[ks]) // the record
+		b.add(3+k, 0)                        // tombstone index, set or deleted
+		b.add(11+k, 0)                       // old expiry index entry deleted
 	}
 	// Each session: its record (the entry's sessions share
 	// EntrySessionBytes, see flushSessions) and two expiry index entries.
