@@ -268,7 +268,7 @@ func (c *Client) write(ctx context.Context, op *shardkvpb.WriteOp) (*shardkvpb.W
 		}
 		return nil, err
 	}
-	return rep.Result, nil
+	return rep.Result, opResult(op.Key, rep.Result)
 }
 
 func mayHaveFailedBeforeSending(err error) bool {
@@ -379,6 +379,10 @@ func (c *Client) MultiPut(ctx context.Context, kvs map[string]string) error {
 					}
 					if r.NotExecuted != "" {
 						retry = append(retry, part[i])
+						continue
+					}
+					if err := opResult([]byte(part[i]), r); err != nil {
+						return nil, err
 					}
 				}
 				return retry, nil

@@ -1,10 +1,12 @@
 package client
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
 var (
@@ -28,4 +30,22 @@ func CleanErrorText(s string) string {
 	s = dialError.ReplaceAllString(s, "$1")
 	s = rpcPrefix.ReplaceAllString(s, "")
 	return strings.ReplaceAll(s, "\n", "; ")
+}
+
+// OpError is a write that the group applied as a refusal: it changed
+// nothing (an APPEND whose result would pass the value limit, a key too
+// long to store). Code is one of shardkvpb's OpErr codes.
+type OpError struct {
+	Key  string
+	Code string
+}
+
+func (e *OpError) Error() string { return fmt.Sprintf("key %q: the write was refused: %s", e.Key, e.Code) }
+
+// opResult turns a write's result into an error when the group refused it.
+func opResult(key []byte, r *shardkvpb.WriteResult) error {
+	if r.GetError() != "" {
+		return &OpError{Key: string(key), Code: r.GetError()}
+	}
+	return nil
 }
