@@ -69,7 +69,11 @@ type Config struct {
 	// bound the log by size, not only by count: a shard moving in as 256 KiB
 	// chunks would otherwise keep up to 15000 of them (3.7 GiB) on disk.
 	SnapshotBytes, TrailingBytes uint64
-	// MaxCommandBytes bounds one proposed command. Default 1 MiB.
+	// MaxCommandBytes bounds one proposed command, and so one log entry
+	// (TiKV's raft-entry-max-size). Default DefaultMaxCommandBytes, at most
+	// MaxCommandBytesLimit. The process's gRPC server must accept its
+	// messages: create it with ServerOptionsFor(MaxCommandBytes). Every
+	// replica of a group should have the same limit.
 	MaxCommandBytes int
 
 	// Filter, if set, sees every outgoing message. Tests use it to drop,
@@ -115,7 +119,10 @@ func (c *Config) setDefaults() error {
 		c.TrailingBytes = 16 << 20
 	}
 	if c.MaxCommandBytes == 0 {
-		c.MaxCommandBytes = 1 << 20
+		c.MaxCommandBytes = DefaultMaxCommandBytes
+	}
+	if err := checkCommandLimit(c.MaxCommandBytes); err != nil {
+		return err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -176,6 +183,11 @@ type Counters struct {
 	// ReadIndexNanos is the total time callers waited in ReadIndex
 	// (divide by ReadIndexReads for the mean).
 	ReadIndexNanos atomic.Uint64
+	// MaxTickGapNanos is the longest time between two Raft ticks: how long
+	// the Ready loop was busy (persisting, applying) while time passed. A
+	// leader sends heartbeats only from ticks, so a gap near the election
+	// timeout means followers may start an election.
+	MaxTickGapNanos atomic.Uint64
 }
 
 // Open starts a replica on cfg.Dir: a new group member (bootstrapping or
@@ -361,9 +373,14 @@ func (r *Replica) run() {
 	defer close(r.donec)
 	ticker := time.NewTicker(r.cfg.TickInterval)
 	defer ticker.Stop()
+	lastTick := time.Now()
 	for {
 		select {
 		case <-ticker.C:
+			if gap := uint64(time.Since(lastTick)); gap > r.metrics.MaxTickGapNanos.Load() {
+				r.metrics.MaxTickGapNanos.Store(gap)
+			}
+			lastTick = time.Now()
 			r.node.Tick()
 		case rd := <-r.node.Ready():
 			if err := r.handleReady(rd); err != nil {
