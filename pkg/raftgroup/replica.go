@@ -377,12 +377,17 @@ func (r *Replica) run() {
 	for {
 		select {
 		case <-ticker.C:
-			if gap := uint64(time.Since(lastTick)); gap > r.metrics.MaxTickGapNanos.Load() {
-				r.metrics.MaxTickGapNanos.Store(gap)
-			}
-			lastTick = time.Now()
-			r.node.Tick()
+			r.tick(&lastTick)
 		case rd := <-r.node.Ready():
+			// A tick that came due while the last Ready was handled goes
+			// first: select picks at random among ready cases, so a run of
+			// Readys that each take long (large entries) could otherwise
+			// starve the clock, and a leader heartbeats only from ticks.
+			select {
+			case <-ticker.C:
+				r.tick(&lastTick)
+			default:
+			}
 			if err := r.handleReady(rd); err != nil {
 				r.fail(err)
 				return
@@ -392,6 +397,16 @@ func (r *Replica) run() {
 			return
 		}
 	}
+}
+
+// tick advances raft's clock and records the longest gap between ticks.
+func (r *Replica) tick(last *time.Time) {
+	now := time.Now()
+	if gap := uint64(now.Sub(*last)); gap > r.metrics.MaxTickGapNanos.Load() {
+		r.metrics.MaxTickGapNanos.Store(gap)
+	}
+	*last = now
+	r.node.Tick()
 }
 
 func (r *Replica) fail(err error) {
@@ -410,6 +425,18 @@ func (r *Replica) handleReady(rd raft.Ready) error {
 		r.commit.Store(rd.HardState.GetCommit())
 	}
 
+	// A leader sends before it persists, as etcd's server does (Raft
+	// thesis 10.2.1): its heartbeats and appends then leave before a large
+	// entry's write and fsync, not after. Raft counts the leader's own
+	// copy toward a commit only at Advance (its self-ack waits for it), so
+	// an entry is committed with the leader's copy only once this Ready has
+	// persisted it. Followers and candidates answer (votes, append acks)
+	// only from durable state.
+	leading := raft.StateType(r.stateType.Load()) == raft.StateLeader
+	if leading {
+		r.trans.send(rd.Messages)
+	}
+
 	// 1. Persist: snapshot first, then hard state and entries, one fsync.
 	if rd.Snapshot != nil && !raft.IsEmptySnap(rd.Snapshot) {
 		if err := r.installSnapshot(rd.Snapshot); err != nil {
@@ -421,8 +448,10 @@ func (r *Replica) handleReady(rd raft.Ready) error {
 	}
 	r.props.noteAppended(rd.Entries)
 
-	// 2. Send, now that our own copy is durable.
-	r.trans.send(rd.Messages)
+	// 2. Send, now that our own copy is durable (a leader sent before).
+	if !leading {
+		r.trans.send(rd.Messages)
+	}
 
 	// 3. Hand read states to the read batcher.
 	for _, rs := range rd.ReadStates {

@@ -167,3 +167,43 @@ func TestLargeValueSnapshotAndMove(t *testing.T) {
 	}
 	scCheckReplicas(t, w, conf, want)
 }
+
+// TestLargeValuesKeepHeartbeats writes 8 MiB values back to back and checks
+// that no replica's Ready loop went long without a tick (a leader sends
+// heartbeats only from ticks) and that no election happened meanwhile.
+func TestLargeValuesKeepHeartbeats(t *testing.T) {
+	w := kvtest.New(t, kvtest.Options{Shards: 8})
+	g := w.StartGroup(100)
+	w.Join(100)
+	w.WaitSettled(20 * time.Second)
+	c := w.Client()
+	leader := g.WaitLeader(10 * time.Second)
+	term := g.Replica(leader).Term()
+	for _, id := range g.IDs() {
+		g.Replica(id).Metrics().MaxTickGapNanos.Store(0)
+	}
+	start := time.Now()
+	const n = 12
+	for i := range n {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := c.Put(ctx, fmt.Sprintf("hb-%d", i), lvPattern(fmt.Sprintf("hb%d", i), 8<<20))
+		cancel()
+		if err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	t.Logf("%d puts of 8 MiB in %v", n, time.Since(start).Round(time.Millisecond))
+	// Election timeout: 10 ticks of 100ms (raftgroup's defaults).
+	const bound = 500 * time.Millisecond
+	for _, id := range g.IDs() {
+		r := g.Replica(id)
+		gap := time.Duration(r.Metrics().MaxTickGapNanos.Load())
+		t.Logf("g100/%d: longest gap between ticks %v", id, gap.Round(time.Millisecond))
+		if gap > bound {
+			t.Errorf("g100/%d: Ready loop went %v without a tick (bound %v)", id, gap, bound)
+		}
+	}
+	if now := g.Replica(leader).Term(); now != term || !g.Replica(leader).IsLeader() {
+		t.Errorf("leader changed while large values applied: term %d -> %d", term, now)
+	}
+}
