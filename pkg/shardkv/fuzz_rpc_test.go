@@ -159,4 +159,3 @@ func fuzzCall(ctx context.Context, kv shardkvpb.KVClient, m fuzzMethod, payload 
 		}
 	}
 }
-
