@@ -28,11 +28,13 @@ func kvBytes(kv *shardkvpb.KeyValue) int {
 }
 
 // installPieces splits the records of one received chunk into install
-// entries whose encoded command (with the resume key after, which the
-// previous piece's last key becomes) stays within maxCommand bytes. A record
-// that alone exceeds it is a piece of its own (its proposal is then refused
-// as too large; EntryBytesFor keeps that from happening for records within
-// the value limit).
+// entries of at most ChunkLimit encoded records each, whatever the source
+// sent, and within maxCommand bytes with their framing (the resume key after
+// which each applies: the previous piece's last key). Small pieces keep one
+// entry's badger transaction far below its limit (values under badger's
+// value threshold count in full). A record larger than a piece goes alone;
+// one above maxCommand is then refused as too large (EntryBytesFor keeps
+// that from happening for records within the value limit).
 func installPieces(kvs []*shardkvpb.KeyValue, after []byte, maxCommand int) [][]*shardkvpb.KeyValue {
 	if len(kvs) == 0 {
 		return [][]*shardkvpb.KeyValue{nil}
@@ -44,7 +46,7 @@ func installPieces(kvs []*shardkvpb.KeyValue, after []byte, maxCommand int) [][]
 	frame := func() int { return 64 + len(after) + 2*binary.MaxVarintLen64 }
 	for i, kv := range kvs {
 		n := kvBytes(kv)
-		if i > start && frame()+size+n > maxCommand {
+		if i > start && (size+n > ChunkLimit || frame()+size+n > maxCommand) {
 			out = append(out, kvs[start:i])
 			after, start, size = kvs[i-1].Key, i, 0
 		}
