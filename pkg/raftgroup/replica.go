@@ -171,6 +171,7 @@ type Replica struct {
 
 	stopc   chan struct{}
 	donec   chan struct{}
+	gcDone  chan struct{} // closed when valueLogGC has returned
 	stopErr error
 	closeMu sync.Mutex
 	closed  bool
@@ -218,8 +219,10 @@ func Open(cfg Config, sm StateMachine) (*Replica, error) {
 	}
 	r.reads = newReadBatcher(r)
 	r.trans = newTransport(r)
+	r.gcDone = make(chan struct{})
 	go r.run()
 	go r.reads.run()
+	go r.valueLogGC(r.stopc, r.gcDone)
 	return r, nil
 }
 
@@ -663,6 +666,7 @@ func (r *Replica) Close() error {
 	r.closeMu.Unlock()
 	close(r.stopc)
 	<-r.donec
+	<-r.gcDone
 	r.leader.Store(0)
 	r.stateType.Store(int32(raft.StateFollower))
 	r.node.Stop()
