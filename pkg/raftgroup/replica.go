@@ -189,6 +189,10 @@ type Counters struct {
 	// leader sends heartbeats only from ticks, so a gap near the election
 	// timeout means followers may start an election.
 	MaxTickGapNanos atomic.Uint64
+	// MaxReadyNanos is the longest time one Ready took to handle. With
+	// ticks taken first (run), MaxTickGapNanos stays within it plus about
+	// one tick.
+	MaxReadyNanos atomic.Uint64
 }
 
 // Open starts a replica on cfg.Dir: a new group member (bootstrapping or
@@ -391,7 +395,12 @@ func (r *Replica) run() {
 				r.tick(&lastTick)
 			default:
 			}
-			if err := r.handleReady(rd); err != nil {
+			start := time.Now()
+			err := r.handleReady(rd)
+			if d := uint64(time.Since(start)); d > r.metrics.MaxReadyNanos.Load() {
+				r.metrics.MaxReadyNanos.Store(d)
+			}
+			if err != nil {
 				r.fail(err)
 				return
 			}

@@ -1,8 +1,12 @@
 package shardkv
 
 import (
+	"fmt"
+
 	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 )
 
 // Size limits. MaxValueBytes is the one source of truth for how large a
@@ -42,4 +46,33 @@ func maxValueFor(maxCommand, maxKey int) int {
 func transferCallOptions(maxCommand int) grpc.DialOption {
 	n := raftgroup.MessageBytesFor(maxCommand)
 	return grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(n), grpc.MaxCallSendMsgSize(n))
+}
+
+// One write entry is applied in one badger transaction, whose limit (about
+// 2.4 MiB with the engine's memtables) counts values under badger's value
+// threshold (1 MiB) in full and larger ones as a pointer, and Apply may add
+// an entry to a transaction that already holds up to 1 MiB. The entry limit
+// is far above that, so a batch may carry at most maxSmallValueBytes of
+// values under the threshold (what the 1 MiB entry limit allowed before);
+// values at or above it are not limited beyond the entry limit.
+const (
+	valueThreshold     = 1 << 20 // raftgroup's badger ValueThreshold
+	maxSmallValueBytes = 1 << 20
+)
+
+// checkWriteBatch refuses a batch whose small values would not fit one
+// badger transaction at apply.
+func checkWriteBatch(ops []*shardkvpb.WriteOp) error {
+	n := 0
+	for _, op := range ops {
+		if v := len(op.GetValue()); v < valueThreshold {
+			n += v
+		}
+		n += len(op.GetKey())
+	}
+	if n > maxSmallValueBytes {
+		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge,
+			fmt.Sprintf("the batch carries %d bytes of keys and values under 1 MiB; one log entry takes at most %d (split the batch)", n, maxSmallValueBytes), nil)
+	}
+	return nil
 }

@@ -26,6 +26,9 @@ func (g *Group) submit(ctx context.Context, ops []*shardkvpb.WriteOp) ([]OpResul
 			return nil, err
 		}
 	}
+	if err := checkWriteBatch(ops); err != nil {
+		return nil, err
+	}
 	out := make([]OpResult, len(ops))
 	var send []*shardkvpb.WriteOp
 	var idx []int
