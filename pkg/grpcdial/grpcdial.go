@@ -35,7 +35,15 @@ var connectParams = grpc.ConnectParams{
 // Reconnect is the dial option with those reconnect settings.
 func Reconnect() grpc.DialOption { return grpc.WithConnectParams(connectParams) }
 
-// Options are the default dial options: plaintext, fast reconnects.
+// MaxCallMessageBytes bounds one message a caller sends or receives. gRPC's
+// default receive limit (4 MiB) is below the largest value (8 MiB by
+// default, configurable higher): a Get of a large value would fail. Servers
+// keep their own, tighter limits.
+const MaxCallMessageBytes = 128 << 20
+
+// Options are the default dial options: plaintext, fast reconnects, and
+// messages as large as the largest value.
 func Options() []grpc.DialOption {
-	return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), Reconnect()}
+	return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), Reconnect(),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxCallMessageBytes), grpc.MaxCallSendMsgSize(MaxCallMessageBytes))}
 }

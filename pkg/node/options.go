@@ -17,6 +17,7 @@ import (
 	"github.com/shardkv/shardkv/pkg/ctrler/placement"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/routing"
+	"github.com/shardkv/shardkv/pkg/shardkv"
 )
 
 // Options are `node serve`'s flags: a stable contract for tests, the
@@ -98,7 +99,7 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 	fs.IntVar(&o.RESPMaxClients, "resp-max-clients", 10000, "Redis connections served at once; more are refused with an error")
 	fs.IntVar(&o.RESPMaxRequestBytes, "resp-max-request-bytes", 16<<20, "largest Redis request (one command with its arguments); larger ones get a protocol error and the connection is closed")
 	fs.DurationVar(&o.RESPWriteTimeout, "resp-write-timeout", 2*time.Second, "how long a Redis write waits for its Raft entry to apply before answering 'outcome unknown' (keep it below clients' read timeouts: go-redis's default is 3s)")
-	fs.IntVar(&o.MaxValueBytes, "max-value-bytes", 512<<10, "largest value a write may carry (one value travels in one Raft entry; at most 8 MiB)")
+	fs.IntVar(&o.MaxValueBytes, "max-value-bytes", shardkv.DefaultMaxValueBytes, fmt.Sprintf("largest value a write may carry (one value travels in one Raft entry, whose limit follows from it; at most %d)", shardkv.MaxValueBytesLimit))
 	fs.StringVar(&o.HTTP, "http", "", "host:port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
@@ -263,8 +264,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("--resp-max-request-bytes=%d: want >= 1024", o.RESPMaxRequestBytes)
 	case o.RESPWriteTimeout < 100*time.Millisecond:
 		return fmt.Errorf("--resp-write-timeout=%v: want >= 100ms", o.RESPWriteTimeout)
-	case o.MaxValueBytes < 1 || o.MaxValueBytes > 8<<20:
-		return fmt.Errorf("--max-value-bytes=%d: want 1 to %d", o.MaxValueBytes, 8<<20)
+	case o.MaxValueBytes < 1 || o.MaxValueBytes > shardkv.MaxValueBytesLimit:
+		return fmt.Errorf("--max-value-bytes=%d: want 1 to %d", o.MaxValueBytes, shardkv.MaxValueBytesLimit)
 	}
 	switch o.LogLevel {
 	case "debug", "info", "warn", "error":

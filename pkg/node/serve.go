@@ -281,8 +281,12 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 		return nil, fmt.Errorf("--listen: %w", err)
 	}
 	n := &Node{opts: o, log: log, lis: lis, errs: newErrorCounter(), servedGRPC: make(chan error, 1)}
+	// The entry limit follows from the value limit (shardkv.EntryBytesFor),
+	// so that every value a write may carry also fits the log when its
+	// shard moves.
 	cfg := raftgroup.Config{GroupID: groupID, ID: o.ID, Addr: o.Advertise,
-		Dir: filepath.Join(o.DataDir, "raft"), Peers: o.Peers, Join: o.Join, Logger: log}
+		Dir: filepath.Join(o.DataDir, "raft"), Peers: o.Peers, Join: o.Join, Logger: log,
+		MaxCommandBytes: max(raftgroup.DefaultMaxCommandBytes, shardkv.EntryBytesFor(o.MaxValueBytes, shardkv.DefaultMaxKeyBytes))}
 	if o.RESPAdvertise != "" {
 		// The engine knows no Redis: it reports the address it is given in
 		// its Admin status, where kvctl looks it up for a join.
@@ -300,7 +304,7 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 		lis.Close()
 		return nil, err
 	}
-	n.grpc = grpc.NewServer(append(raftgroup.ServerOptions(), grpc.ChainUnaryInterceptor(n.errs.unary, n.trackUnary), grpc.ChainStreamInterceptor(n.errs.stream, n.trackStream))...)
+	n.grpc = grpc.NewServer(append(raftgroup.ServerOptionsFor(cfg.MaxCommandBytes), grpc.ChainUnaryInterceptor(n.errs.unary, n.trackUnary), grpc.ChainStreamInterceptor(n.errs.stream, n.trackStream))...)
 	n.replica.RegisterGRPC(n.grpc)
 	bg, cancel := context.WithCancel(context.Background())
 	n.bgCancel = cancel

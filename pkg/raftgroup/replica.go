@@ -70,7 +70,11 @@ type Config struct {
 	// bound the log by size, not only by count: a shard moving in as 256 KiB
 	// chunks would otherwise keep up to 15000 of them (3.7 GiB) on disk.
 	SnapshotBytes, TrailingBytes uint64
-	// MaxCommandBytes bounds one proposed command. Default 1 MiB.
+	// MaxCommandBytes bounds one proposed command, and so one log entry
+	// (TiKV's raft-entry-max-size). Default DefaultMaxCommandBytes, at most
+	// MaxCommandBytesLimit. The process's gRPC server must accept its
+	// messages: create it with ServerOptionsFor(MaxCommandBytes). Every
+	// replica of a group should have the same limit.
 	MaxCommandBytes int
 
 	// Filter, if set, sees every outgoing message. Tests use it to drop,
@@ -116,7 +120,10 @@ func (c *Config) setDefaults() error {
 		c.TrailingBytes = 16 << 20
 	}
 	if c.MaxCommandBytes == 0 {
-		c.MaxCommandBytes = 1 << 20
+		c.MaxCommandBytes = DefaultMaxCommandBytes
+	}
+	if err := checkCommandLimit(c.MaxCommandBytes); err != nil {
+		return err
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -165,6 +172,7 @@ type Replica struct {
 
 	stopc   chan struct{}
 	donec   chan struct{}
+	gcDone  chan struct{} // closed when valueLogGC has returned
 	stopErr error
 	closeMu sync.Mutex
 	closed  bool
@@ -177,6 +185,15 @@ type Counters struct {
 	// ReadIndexNanos is the total time callers waited in ReadIndex
 	// (divide by ReadIndexReads for the mean).
 	ReadIndexNanos atomic.Uint64
+	// MaxTickGapNanos is the longest time between two Raft ticks: how long
+	// the Ready loop was busy (persisting, applying) while time passed. A
+	// leader sends heartbeats only from ticks, so a gap near the election
+	// timeout means followers may start an election.
+	MaxTickGapNanos atomic.Uint64
+	// MaxReadyNanos is the longest time one Ready took to handle. With
+	// ticks taken first (run), MaxTickGapNanos stays within it plus about
+	// one tick.
+	MaxReadyNanos atomic.Uint64
 }
 
 // Open starts a replica on cfg.Dir: a new group member (bootstrapping or
@@ -207,8 +224,10 @@ func Open(cfg Config, sm StateMachine) (*Replica, error) {
 	}
 	r.reads = newReadBatcher(r)
 	r.trans = newTransport(r)
+	r.gcDone = make(chan struct{})
 	go r.run()
 	go r.reads.run()
+	go r.valueLogGC(r.stopc, r.gcDone)
 	return r, nil
 }
 
@@ -362,12 +381,27 @@ func (r *Replica) run() {
 	defer close(r.donec)
 	ticker := time.NewTicker(r.cfg.TickInterval)
 	defer ticker.Stop()
+	lastTick := time.Now()
 	for {
 		select {
 		case <-ticker.C:
-			r.node.Tick()
+			r.tick(&lastTick)
 		case rd := <-r.node.Ready():
-			if err := r.handleReady(rd); err != nil {
+			// A tick that came due while the last Ready was handled goes
+			// first: select picks at random among ready cases, so a run of
+			// Readys that each take long (large entries) could otherwise
+			// starve the clock, and a leader heartbeats only from ticks.
+			select {
+			case <-ticker.C:
+				r.tick(&lastTick)
+			default:
+			}
+			start := time.Now()
+			err := r.handleReady(rd)
+			if d := uint64(time.Since(start)); d > r.metrics.MaxReadyNanos.Load() {
+				r.metrics.MaxReadyNanos.Store(d)
+			}
+			if err != nil {
 				r.fail(err)
 				return
 			}
@@ -376,6 +410,16 @@ func (r *Replica) run() {
 			return
 		}
 	}
+}
+
+// tick advances raft's clock and records the longest gap between ticks.
+func (r *Replica) tick(last *time.Time) {
+	now := time.Now()
+	if gap := uint64(now.Sub(*last)); gap > r.metrics.MaxTickGapNanos.Load() {
+		r.metrics.MaxTickGapNanos.Store(gap)
+	}
+	*last = now
+	r.node.Tick()
 }
 
 // fail stops the replica on a storage fault (see docs/engine.md for the
@@ -416,6 +460,18 @@ func (r *Replica) handleReady(rd raft.Ready) error {
 		r.commit.Store(rd.HardState.GetCommit())
 	}
 
+	// A leader sends before it persists, as etcd's server does (Raft
+	// thesis 10.2.1): its heartbeats and appends then leave before a large
+	// entry's write and fsync, not after. Raft counts the leader's own
+	// copy toward a commit only at Advance (its self-ack waits for it), so
+	// an entry is committed with the leader's copy only once this Ready has
+	// persisted it. Followers and candidates answer (votes, append acks)
+	// only from durable state.
+	leading := raft.StateType(r.stateType.Load()) == raft.StateLeader
+	if leading {
+		r.trans.send(rd.Messages)
+	}
+
 	// 1. Persist: snapshot first, then hard state and entries, one fsync.
 	if rd.Snapshot != nil && !raft.IsEmptySnap(rd.Snapshot) {
 		if err := r.installSnapshot(rd.Snapshot); err != nil {
@@ -427,8 +483,10 @@ func (r *Replica) handleReady(rd raft.Ready) error {
 	}
 	r.props.noteAppended(rd.Entries)
 
-	// 2. Send, now that our own copy is durable.
-	r.trans.send(rd.Messages)
+	// 2. Send, now that our own copy is durable (a leader sent before).
+	if !leading {
+		r.trans.send(rd.Messages)
+	}
 
 	// 3. Hand read states to the read batcher.
 	for _, rs := range rd.ReadStates {
@@ -640,6 +698,7 @@ func (r *Replica) Close() error {
 	r.closeMu.Unlock()
 	close(r.stopc)
 	<-r.donec
+	<-r.gcDone
 	r.leader.Store(0)
 	r.stateType.Store(int32(raft.StateFollower))
 	r.node.Stop()

@@ -91,8 +91,7 @@ func (t *transport) sendSnapshot(m *pb.Message) error {
 	if view.Index() < m.GetSnapshot().GetMetadata().GetIndex() {
 		return fmt.Errorf("state machine view at %d is behind snapshot marker %d", view.Index(), m.GetSnapshot().GetMetadata().GetIndex())
 	}
-	conn, err := grpc.NewClient(grpcdial.Target(addr), grpc.WithTransportCredentials(insecure.NewCredentials()), grpcdial.Reconnect(),
-		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(MaxMessageBytes)))
+	conn, err := grpc.NewClient(grpcdial.Target(addr), grpc.WithTransportCredentials(insecure.NewCredentials()), grpcdial.Reconnect(), r.callOptions())
 	if err != nil {
 		return err
 	}

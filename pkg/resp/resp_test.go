@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shardkv/shardkv/pkg/shardkv"
 )
 
 // TestRESP runs the protocol tests on one shared world (starting one costs
@@ -198,9 +200,9 @@ func (e *env) testSet(t *testing.T) {
 	expect(t, e.do("get", k), nil, "set with a past PXAT is expired at once")
 
 	// Size limits: nothing is proposed for an oversized key or value.
-	big := strings.Repeat("v", 512<<10+1)
-	expect(t, e.do("set", k, big), rerr(fmt.Sprintf("ERR value of %d bytes exceeds the limit of %d bytes", len(big), 512<<10)))
-	expect(t, e.do("append", k, big), rerr(fmt.Sprintf("ERR value of %d bytes exceeds the limit of %d bytes", len(big), 512<<10)))
+	big := strings.Repeat("v", shardkv.DefaultMaxValueBytes+1)
+	expect(t, e.do("set", k, big), rerr(fmt.Sprintf("ERR value of %d bytes exceeds the limit of %d bytes", len(big), shardkv.DefaultMaxValueBytes)))
+	expect(t, e.do("append", k, big), rerr(fmt.Sprintf("ERR value of %d bytes exceeds the limit of %d bytes", len(big), shardkv.DefaultMaxValueBytes)))
 	bigKey := strings.Repeat("k", 64<<10+1)
 	c := e.conn(e.leaderAddr(gA))
 	expect(t, c.do("set", bigKey, "v"), rerr(fmt.Sprintf("ERR key of %d bytes exceeds the limit of %d bytes", len(bigKey), 64<<10)))

@@ -28,9 +28,6 @@ const (
 	// MaxKeyBytesLimit is the largest user key every stored form of which
 	// fits badger: the default and the maximum of GroupConfig.MaxKeyBytes.
 	MaxKeyBytesLimit = badgerMaxKey - longestKeyPrefix
-	// MaxValueBytesLimit is the largest value a record may hold, whatever
-	// GroupConfig.MaxValueBytes says (badger's value-log file is 64 MiB).
-	MaxValueBytesLimit = 32 << 20
 	// EntryMaxRecords and EntryMaxBytes bound the records one write command
 	// writes (values, their indexes, sessions), counted as badger counts a
 	// transaction (recordCost). badger allows fewer than 26,214 records and

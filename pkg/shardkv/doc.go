@@ -12,7 +12,9 @@
 // The service (Group), one idea per file:
 //
 //	group.go     configuration, start and stop
-//	handlers.go  the gRPC KV service (client API and shard transfer)
+//	handlers.go  the gRPC KV service (client API)
+//	handoff.go   the gRPC shard hand-off calls and their caller checks
+//	limits.go    value, key and entry size limits
 //	frontend.go  the API of protocol front ends (ReadKeys, WriteBatch)
 //	submit.go    the one write path every API goes through
 //	refusal.go   where a request the group does not execute belongs

@@ -3,6 +3,7 @@ package shardkv
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,10 +25,11 @@ type GroupConfig struct {
 	// their clients to another group's leader (Topology, refusals). The
 	// node sets it when it serves a client protocol other than gRPC.
 	TrackLeaders bool
-	// MaxValueBytes bounds one value (default 512 KiB, at most
-	// MaxValueBytesLimit), APPEND's result included; MaxKeyBytes one key
-	// (default and maximum MaxKeyBytesLimit, 64,989 bytes: every stored form
-	// of the key must fit badger's 65,000).
+	// MaxValueBytes bounds one value (default DefaultMaxValueBytes, at most
+	// MaxValueBytesLimit, and at most what the replica's entry limit
+	// carries: see EntryBytesFor), APPEND's result included; MaxKeyBytes one
+	// key (default and maximum MaxKeyBytesLimit, 64,989 bytes: every stored
+	// form of the key must fit badger's 65,000).
 	MaxValueBytes, MaxKeyBytes int
 	// PullConcurrency bounds shards pulled at once from one source group
 	// (default 4). Per source, so that a source that is down (its pulls
@@ -73,8 +75,8 @@ type Group struct {
 
 // NewGroup starts the group's background loops.
 func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
-	if cfg.MaxValueBytes == 0 {
-		cfg.MaxValueBytes = 512 << 10
+	if cfg.MaxValueBytes <= 0 {
+		cfg.MaxValueBytes = DefaultMaxValueBytes
 	}
 	if cfg.MaxKeyBytes <= 0 || cfg.MaxKeyBytes > MaxKeyBytesLimit {
 		cfg.MaxKeyBytes = MaxKeyBytesLimit
@@ -98,6 +100,14 @@ func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	// A value the log cannot carry could be written but never moved: keep
+	// the value limit within the entry limit.
+	if fit := min(maxValueFor(r.MaxCommandBytes(), cfg.MaxKeyBytes), MaxValueBytesLimit); cfg.MaxValueBytes > fit {
+		cfg.Logger.Warn("value limit lowered to what one log entry carries", "max_value_bytes", cfg.MaxValueBytes,
+			"max_command_bytes", r.MaxCommandBytes(), "now", fit)
+		cfg.MaxValueBytes = fit
+	}
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), transferCallOptions(r.MaxCommandBytes()))
 	g := &Group{cfg: cfg, r: r, sm: sm, log: cfg.Logger.With("gid", sm.gid), known: map[uint64]*shardkvpb.Config{}, heard: map[uint64]uint64{}}
 	g.pool = grpcdial.NewPool(cfg.DialOptions...)
 	g.peers = grpcdial.NewCaller(g.pool)

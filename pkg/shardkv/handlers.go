@@ -2,12 +2,10 @@ package shardkv
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
-	"google.golang.org/grpc/codes"
 )
 
 // The gRPC KV service. Every error is in the one vocabulary of
@@ -77,50 +75,6 @@ func (g *Group) MultiWrite(ctx context.Context, req *shardkvpb.MultiWriteRequest
 		}
 	}
 	return out, nil
-}
-
-// FetchShard streams a frozen (BePulling) shard to its new owner. Any replica
-// that has applied the BePulling state can serve it: no write reaches a
-// BePulling shard, so its data is final.
-func (g *Group) FetchShard(req *shardkvpb.FetchShardRequest, stream shardkvpb.KV_FetchShardServer) error {
-	s := int(req.Shard)
-	m := g.sm.Shard(s)
-	conf := g.sm.Config()
-	switch {
-	case m.State == BePulling && m.Config == req.ConfigNum:
-		if m.Peer != req.Gid {
-			return invalid("shard %d goes to group %d in config %d, not %d", s, m.Peer, req.ConfigNum, req.Gid)
-		}
-	case conf.Num < req.ConfigNum || (m.State == BePulling && m.Config < req.ConfigNum):
-		return shardkvpb.Error(codes.Unavailable, shardkvpb.ReasonNotReady,
-			fmt.Sprintf("this replica is at config %d; shard %d for config %d is not ready to hand off", conf.Num, s, req.ConfigNum), nil)
-	default:
-		return shardkvpb.Error(codes.FailedPrecondition, shardkvpb.ReasonInvalid,
-			fmt.Sprintf("shard %d for config %d: this replica holds it as %v at config %d", s, req.ConfigNum, m, conf.Num), nil)
-	}
-	return g.sm.StreamShard(s, req.AfterKey, req.Resume, stream.Send)
-}
-
-// ShardInstalled: the new owner has the shard; start deleting our copy.
-func (g *Group) ShardInstalled(ctx context.Context, req *shardkvpb.ShardInstalledRequest) (*shardkvpb.ShardInstalledReply, error) {
-	s := int(req.Shard)
-	m := g.sm.Shard(s)
-	conf := g.sm.Config()
-	switch {
-	case m.State == BePulling && m.Config == req.ConfigNum:
-		if _, err := g.propose(ctx, &shardkvpb.GroupCommand{Gc: &shardkvpb.ShardRef{Shard: req.Shard, ConfigNum: req.ConfigNum}}); err != nil {
-			return nil, raftgroup.GRPCError(err)
-		}
-		return &shardkvpb.ShardInstalledReply{}, nil
-	case (m.State == GCing && m.Config >= req.ConfigNum) || (m.State == NotOwned && conf.Num >= req.ConfigNum) || m.Config > req.ConfigNum:
-		return &shardkvpb.ShardInstalledReply{}, nil // already handed off
-	}
-	if !g.r.IsLeader() {
-		id, addr := g.r.Leader()
-		return nil, shardkvpb.NotLeaderError("shard hand-off goes through the leader", id, addr)
-	}
-	return nil, shardkvpb.Error(codes.Unavailable, shardkvpb.ReasonNotReady,
-		fmt.Sprintf("shard %d for config %d: at config %d, state %v", s, req.ConfigNum, conf.Num, m), nil)
 }
 
 // GroupInfo describes this replica's view of the group.

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
@@ -205,7 +206,8 @@ func (g *Group) shardTask(ctx context.Context, s int, m ShardMeta, step func(cur
 }
 
 // pull fetches shard s from its previous owner and installs it through the
-// log, chunk by chunk, resuming where the log says it stopped.
+// log, chunk by chunk, resuming where the log says it stopped. Each received
+// chunk becomes as many install entries as the entry limit requires.
 func (g *Group) pull(ctx context.Context, s int, m ShardMeta) {
 	g.shardTask(ctx, s, m, func(cur ShardMeta) (bool, error) {
 		return false, g.callGroup(ctx, m.Peer, func(cctx context.Context, cl shardkvpb.KVClient) error {
@@ -222,16 +224,17 @@ func (g *Group) pull(ctx context.Context, s int, m ShardMeta) {
 				if at.State != Pulling || at.Config != m.Config {
 					return nil
 				}
-				pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				v, err := g.propose(pctx, &shardkvpb.GroupCommand{Insert: &shardkvpb.InsertChunk{
-					Shard: uint32(s), ConfigNum: m.Config, AfterKey: at.Resume, Resume: at.Resumed,
-					Kvs: chunk.Kvs, Last: chunk.Last, TotalKeys: chunk.TotalKeys}})
-				cancel()
-				if err != nil {
-					return err
-				}
-				if e, ok := v.(error); ok {
-					return e // stale: restart from the log's resume point
+				pieces := installPieces(chunk.Kvs, at.Resume, g.r.MaxCommandBytes())
+				for i, kvs := range pieces {
+					if i > 0 {
+						if at = g.sm.Shard(s); at.State != Pulling || at.Config != m.Config {
+							return nil
+						}
+					}
+					last := chunk.Last && i == len(pieces)-1
+					if err := g.install(ctx, s, m, at, kvs, last, chunk.TotalKeys); err != nil {
+						return err
+					}
 				}
 				if chunk.Last {
 					g.log.Info("shard installed", "shard", s, "config", m.Config, "from", m.Peer)
@@ -240,6 +243,28 @@ func (g *Group) pull(ctx context.Context, s int, m ShardMeta) {
 			}
 		})
 	})
+}
+
+// install proposes one install entry of shard s after at's resume point.
+func (g *Group) install(ctx context.Context, s int, m, at ShardMeta, kvs []*shardkvpb.KeyValue, last bool, total uint64) error {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	v, err := g.propose(pctx, &shardkvpb.GroupCommand{Insert: &shardkvpb.InsertChunk{
+		Shard: uint32(s), ConfigNum: m.Config, AfterKey: at.Resume, Resume: at.Resumed,
+		Kvs: kvs, Last: last, TotalKeys: total}})
+	if raftgroup.IsTooLarge(err) {
+		// Only a record above the entry limit (written under a larger
+		// limit than this replica's) gets here: say so, the pull retries.
+		g.log.Error("a record of the shard exceeds the log entry limit; raise the limit to move it",
+			"shard", s, "config", m.Config, "from", m.Peer, "err", err)
+	}
+	if err != nil {
+		return err
+	}
+	if e, ok := v.(error); ok {
+		return e // stale: restart from the log's resume point
+	}
+	return nil
 }
 
 // confirm tells the old owner we hold the shard, then serves it plainly.

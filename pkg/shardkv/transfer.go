@@ -9,10 +9,51 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
-// ChunkLimit bounds one FetchShard chunk (and so one InsertChunk entry).
+// ChunkLimit bounds the encoded records of one FetchShard chunk, so that a
+// chunk of small records is a modest log entry. A record larger than this
+// goes alone in its chunk; it still fits one entry, because the entry limit
+// exceeds the value limit (EntryBytesFor), and the puller splits whatever it
+// receives into entries that fit (installPieces).
 const ChunkLimit = 256 << 10
+
+// kvBytes is the encoded size of kv as one element of a repeated field
+// numbered below 16 (ShardChunk.kvs, InsertChunk.kvs): tag, length, body.
+func kvBytes(kv *shardkvpb.KeyValue) int {
+	n := proto.Size(kv)
+	return 1 + protowire.SizeVarint(uint64(n)) + n
+}
+
+// installPieces splits the records of one received chunk into install
+// entries of at most ChunkLimit encoded records each, whatever the source
+// sent, and within maxCommand bytes with their framing (the resume key after
+// which each applies: the previous piece's last key). Small pieces keep one
+// entry's badger transaction far below its limit (values under badger's
+// value threshold count in full). A record larger than a piece goes alone;
+// one above maxCommand is then refused as too large (EntryBytesFor keeps
+// that from happening for records within the value limit).
+func installPieces(kvs []*shardkvpb.KeyValue, after []byte, maxCommand int) [][]*shardkvpb.KeyValue {
+	if len(kvs) == 0 {
+		return [][]*shardkvpb.KeyValue{nil}
+	}
+	var out [][]*shardkvpb.KeyValue
+	start, size := 0, 0
+	// Framing outside the records: shard, config, flags, total (at most
+	// ~40 bytes), the resume key, and the two enclosing lengths.
+	frame := func() int { return 64 + len(after) + 2*binary.MaxVarintLen64 }
+	for i, kv := range kvs {
+		n := kvBytes(kv)
+		if i > start && (size+n > ChunkLimit || frame()+size+n > maxCommand) {
+			out = append(out, kvs[start:i])
+			after, start, size = kvs[i-1].Key, i, 0
+		}
+		size += n
+	}
+	return append(out, kvs[start:])
+}
 
 // DeleteChunkKeys bounds how many keys one GC entry deletes, so deleting a
 // large shard never stalls the group's other writes.
@@ -20,7 +61,7 @@ const DeleteChunkKeys = 1000
 
 // StreamShard sends shard s's records (values, tombstones and sessions),
 // after the given raw key if resume is set, in chunks of at most ChunkLimit
-// bytes. The shard must be frozen (BePulling) so the view is final.
+// encoded bytes (or one larger record). The shard must be frozen (BePulling) so the view is final.
 func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(*shardkvpb.ShardChunk) error) error {
 	prefix := shardPrefix(s)
 	txn := sm.store.DB().NewTransaction(false)
@@ -49,14 +90,16 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 		if err != nil {
 			return err
 		}
-		if size > 0 && size+len(k)+len(v) > ChunkLimit {
+		kv := &shardkvpb.KeyValue{Key: k, Record: v}
+		n := kvBytes(kv)
+		if size > 0 && size+n > ChunkLimit {
 			if err := send(chunk); err != nil {
 				return err
 			}
 			chunk, size = &shardkvpb.ShardChunk{TotalKeys: total}, 0
 		}
-		chunk.Kvs = append(chunk.Kvs, &shardkvpb.KeyValue{Key: k, Record: v})
-		size += len(k) + len(v)
+		chunk.Kvs = append(chunk.Kvs, kv)
+		size += n
 	}
 	chunk.Last = true
 	return send(chunk)

@@ -38,6 +38,14 @@ const (
 	// on the shard unacknowledged): it may or may not have been applied.
 	// Retrying with the same sequence number gets the same answer.
 	ReasonResultForgotten = "RESULT_FORGOTTEN"
+	// ReasonNotShardOwner (PermissionDenied): a group-to-group shard
+	// transfer call names a caller that is not the shard's new owner in the
+	// config it names; nothing was done.
+	ReasonNotShardOwner = "NOT_SHARD_OWNER"
+	// ReasonNotInstalled (FailedPrecondition): ShardInstalled was refused
+	// because the new owner's own replicas, asked by the old owner, do not
+	// confirm they hold the shard; the old copy is kept.
+	ReasonNotInstalled = "NOT_INSTALLED"
 
 	errorDomain = "shardkv.io"
 )

@@ -1,0 +1,155 @@
+package shardkv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/grpc/codes"
+)
+
+// The group-to-group shard hand-off API. Nothing authenticates its callers
+// yet (that comes with TLS), so each call is checked against what the
+// group knows for itself: the claimed caller must be the shard's new owner
+// in the config the call names, and a call that would delete data
+// (ShardInstalled) is confirmed with the new owner's own replicas, at the
+// addresses the controller's config lists, before anything is deleted.
+
+// FetchShard streams a frozen (BePulling) shard to its new owner. Any replica
+// that has applied the BePulling state can serve it: no write reaches a
+// BePulling shard, so its data is final. Only the group the shard goes to
+// in the named config may pull it.
+func (g *Group) FetchShard(req *shardkvpb.FetchShardRequest, stream shardkvpb.KV_FetchShardServer) error {
+	s := int(req.Shard)
+	if err := g.checkHandoffCaller(s, req.ConfigNum, req.Gid); err != nil {
+		return err
+	}
+	m := g.sm.Shard(s)
+	conf := g.sm.Config()
+	switch {
+	case m.State == BePulling && m.Config == req.ConfigNum:
+		if m.Peer != req.Gid {
+			return notShardOwner(s, req.ConfigNum, req.Gid, m.Peer)
+		}
+	case conf.Num < req.ConfigNum || (m.State == BePulling && m.Config < req.ConfigNum):
+		return shardkvpb.Error(codes.Unavailable, shardkvpb.ReasonNotReady,
+			fmt.Sprintf("this replica is at config %d; shard %d for config %d is not ready to hand off", conf.Num, s, req.ConfigNum), nil)
+	default:
+		return shardkvpb.Error(codes.FailedPrecondition, shardkvpb.ReasonInvalid,
+			fmt.Sprintf("shard %d for config %d: this replica holds it as %v at config %d", s, req.ConfigNum, m, conf.Num), nil)
+	}
+	return g.sm.StreamShard(s, req.AfterKey, req.Resume, stream.Send)
+}
+
+// ShardInstalled: the new owner says it has the shard; start deleting our
+// copy. Accepted only from the shard's new owner in the named config, and
+// only once that group's replicas confirm they hold the shard.
+func (g *Group) ShardInstalled(ctx context.Context, req *shardkvpb.ShardInstalledRequest) (*shardkvpb.ShardInstalledReply, error) {
+	s := int(req.Shard)
+	if err := g.checkHandoffCaller(s, req.ConfigNum, req.Gid); err != nil {
+		return nil, err
+	}
+	m := g.sm.Shard(s)
+	conf := g.sm.Config()
+	switch {
+	case m.State == BePulling && m.Config == req.ConfigNum:
+		if m.Peer != req.Gid {
+			return nil, notShardOwner(s, req.ConfigNum, req.Gid, m.Peer)
+		}
+		if err := g.confirmInstalled(ctx, s, m); err != nil {
+			return nil, shardkvpb.Error(codes.FailedPrecondition, shardkvpb.ReasonNotInstalled,
+				fmt.Sprintf("shard %d for config %d: group %d does not confirm it holds the shard; the copy here is kept: %v", s, m.Config, m.Peer, err),
+				map[string]string{"shard": strconv.Itoa(s), "config_num": strconv.FormatUint(m.Config, 10)})
+		}
+		if _, err := g.propose(ctx, &shardkvpb.GroupCommand{Gc: &shardkvpb.ShardRef{Shard: req.Shard, ConfigNum: req.ConfigNum}}); err != nil {
+			return nil, raftgroup.GRPCError(err)
+		}
+		return &shardkvpb.ShardInstalledReply{}, nil
+	case (m.State == GCing && m.Config >= req.ConfigNum) || (m.State == NotOwned && conf.Num >= req.ConfigNum) || m.Config > req.ConfigNum:
+		return &shardkvpb.ShardInstalledReply{}, nil // already handed off; changes nothing
+	}
+	if !g.r.IsLeader() {
+		id, addr := g.r.Leader()
+		return nil, shardkvpb.NotLeaderError("shard hand-off goes through the leader", id, addr)
+	}
+	return nil, shardkvpb.Error(codes.Unavailable, shardkvpb.ReasonNotReady,
+		fmt.Sprintf("shard %d for config %d: at config %d, state %v", s, req.ConfigNum, conf.Num, m), nil)
+}
+
+// checkHandoffCaller refuses a hand-off call for a shard that does not
+// exist, or whose claimed caller gid is not the shard's owner in config num
+// when this replica knows that config (its current or previous one).
+func (g *Group) checkHandoffCaller(s int, num, gid uint64) error {
+	conf := g.sm.Config()
+	if n := len(conf.Shards); n > 0 && s >= n {
+		return invalid("shard %d does not exist (%d shards)", s, n)
+	}
+	for _, c := range []*shardkvpb.Config{conf, g.sm.PrevConfig()} {
+		if c.Num == num && num > 0 && s < len(c.Shards) && c.Shards[s] != gid {
+			return notShardOwner(s, num, gid, c.Shards[s])
+		}
+	}
+	return nil
+}
+
+func notShardOwner(s int, num, caller, owner uint64) error {
+	return shardkvpb.Error(codes.PermissionDenied, shardkvpb.ReasonNotShardOwner,
+		fmt.Sprintf("shard %d goes to group %d in config %d, not to group %d", s, owner, num, caller),
+		map[string]string{"shard": strconv.Itoa(s), "config_num": strconv.FormatUint(num, 10), "owner_gid": strconv.FormatUint(owner, 10)})
+}
+
+// confirmInstalled asks the replicas of m.Peer (shard s's new owner), at
+// the addresses of our configs, whether they hold shard s from config
+// m.Config on. One replica that says so is proof: its shard state is
+// applied from its group's committed log. The reply must come from group
+// m.Peer (an address may have been reused by another group).
+func (g *Group) confirmInstalled(ctx context.Context, s int, m ShardMeta) error {
+	addrs := g.servers(m.Peer)
+	if len(addrs) == 0 {
+		return fmt.Errorf("group %d has no known servers", m.Peer)
+	}
+	var errs []error
+	for _, addr := range addrs {
+		cc, err := g.pool.Get(addr)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		info, err := shardkvpb.NewKVClient(cc).GroupInfo(actx, &shardkvpb.GroupInfoRequest{})
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+			continue
+		}
+		if err := holdsShard(info, m.Peer, s, m.Config); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+			continue
+		}
+		return nil
+	}
+	return errors.Join(errs...)
+}
+
+// holdsShard: the replica that answered info is of group gid and has
+// installed shard s for config num. A group steps past a config only once
+// every shard it gains in it is installed, so being at a later config is
+// proof too.
+func holdsShard(info *shardkvpb.GroupInfoReply, gid uint64, s int, num uint64) error {
+	if info.GetGid() != gid {
+		return fmt.Errorf("the replica there is of group %d, not %d", info.GetGid(), gid)
+	}
+	if info.GetConfig().GetNum() > num {
+		return nil
+	}
+	for _, st := range info.GetShards() {
+		if int(st.GetShard()) == s && st.GetConfigNum() == num && (st.GetState() == string(Acking) || st.GetState() == string(Serving)) {
+			return nil
+		}
+	}
+	return fmt.Errorf("it has not installed shard %d for config %d (at config %d)", s, num, info.GetConfig().GetNum())
+}
