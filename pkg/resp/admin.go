@@ -297,13 +297,14 @@ func cmdClientList(c *conn, p *pipeline, args [][]byte, _ int) {
 func (s *Server) configParams() [][2]string {
 	return [][2]string{
 		{"appendonly", "no"},
+		{"client-query-buffer-limit", strconv.Itoa(s.cfg.MaxRequestBytes)},
 		{"cluster-enabled", "yes"},
 		{"databases", "1"},
 		{"maxclients", strconv.Itoa(s.cfg.MaxClients)},
 		{"maxmemory", "0"},
-		{"proto-max-bulk-len", strconv.Itoa(s.cfg.MaxRequestBytes)},
+		{"proto-max-bulk-len", strconv.Itoa(s.cfg.MaxBulkBytes)},
 		{"save", ""},
-		{"timeout", "0"},
+		{"timeout", strconv.Itoa(int(s.cfg.IdleTimeout / time.Second))},
 	}
 }
 
