@@ -181,7 +181,7 @@ func (rd *reqReader) multibulk() (cmd redcon.Command, ok bool, err error) {
 				return cmd, false, nil
 			}
 			if b[rd.off] != '$' {
-				return cmd, false, protoError(fmt.Sprintf("Protocol error: expected '$', got '%c'", b[rd.off]))
+				return cmd, false, protoError("Protocol error: expected '$', got '" + string(b[rd.off:rd.off+1]) + "'")
 			}
 			line, ln, err := headerLine(b[rd.off+1:], errBulkLine, errBulkLen)
 			if err != nil || ln == 0 {

@@ -76,6 +76,8 @@ const (
 	// large MSETs and MGETs and still bounds a connection's memory. It is
 	// raised to hold one bulk of MaxBulkBytes when that is larger.
 	DefaultMaxRequestBytes = 16 << 20
+	// maxRequestLimit is the largest MaxRequestBytes.
+	maxRequestLimit = 1 << 30
 	// DefaultInputBudgetBytes bounds the input all connections hold at
 	// once (at least 4 requests of MaxRequestBytes).
 	DefaultInputBudgetBytes = 256 << 20
@@ -196,6 +198,8 @@ func New(cfg Config, b Backend) *Server {
 	if cfg.MaxRequestBytes <= 0 {
 		cfg.MaxRequestBytes = max(DefaultMaxRequestBytes, cfg.MaxBulkBytes+maxLineBytes)
 	}
+	// The reader keeps offsets within a command in 32 bits.
+	cfg.MaxRequestBytes = min(cfg.MaxRequestBytes, maxRequestLimit)
 	if cfg.MaxArgs <= 0 {
 		cfg.MaxArgs = DefaultMaxArgs
 	}
