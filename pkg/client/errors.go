@@ -40,7 +40,9 @@ type OpError struct {
 	Code string
 }
 
-func (e *OpError) Error() string { return fmt.Sprintf("key %q: the write was refused: %s", e.Key, e.Code) }
+func (e *OpError) Error() string {
+	return fmt.Sprintf("key %q: the write was refused: %s", e.Key, e.Code)
+}
 
 // opResult turns a write's result into an error when the group refused it.
 func opResult(key []byte, r *shardkvpb.WriteResult) error {

@@ -42,6 +42,9 @@ type Options struct {
 	// Redis front-end limits (role=group).
 	RESPMaxClients      int
 	RESPMaxRequestBytes int
+	RESPMaxBulkBytes    int
+	RESPInputBudget     int64
+	RESPTimeout         time.Duration
 	RESPWriteTimeout    time.Duration
 	MaxValueBytes       int
 	HTTP                string
@@ -97,7 +100,10 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.RESPAdvertise, "resp-advertise", "", "address clients use to reach --resp")
 	fs.StringVar(&o.RequirePass, "requirepass", "", "Redis AUTH password (prefer "+EnvName("requirepass")+")")
 	fs.IntVar(&o.RESPMaxClients, "resp-max-clients", 10000, "Redis connections served at once; more are refused with an error")
-	fs.IntVar(&o.RESPMaxRequestBytes, "resp-max-request-bytes", 16<<20, "largest Redis request (one command with its arguments); larger ones get a protocol error and the connection is closed")
+	fs.IntVar(&o.RESPMaxRequestBytes, "resp-max-request-bytes", 0, "largest Redis request (one command with its arguments), and so what one connection buffers (0: 16 MiB, or one --resp-max-bulk-bytes bulk if larger); a larger one gets a protocol error at its header and the connection is closed")
+	fs.IntVar(&o.RESPMaxBulkBytes, "resp-max-bulk-bytes", 0, "largest Redis argument, Redis's proto-max-bulk-len (0: twice --max-value-bytes, at least 1 MiB); a longer one gets 'invalid bulk length' at its header and the connection is closed")
+	fs.Int64Var(&o.RESPInputBudget, "resp-input-budget-bytes", 0, "input all Redis connections may hold at once (0: 256 MiB, at least 4 requests); a connection needing more gets an error and is closed")
+	fs.DurationVar(&o.RESPTimeout, "resp-timeout", 0, "close a Redis client idle this long, Redis's timeout (0: never)")
 	fs.DurationVar(&o.RESPWriteTimeout, "resp-write-timeout", 2*time.Second, "how long a Redis write waits for its Raft entry to apply before answering 'outcome unknown' (keep it below clients' read timeouts: go-redis's default is 3s)")
 	fs.IntVar(&o.MaxValueBytes, "max-value-bytes", shardkv.DefaultMaxValueBytes, fmt.Sprintf("largest value a write may carry (one value travels in one Raft entry, whose limit follows from it; at most %d)", shardkv.MaxValueBytesLimit))
 	fs.StringVar(&o.HTTP, "http", "", "host:port for /healthz, /readyz and /metrics")
@@ -260,8 +266,14 @@ func (o *Options) validate() error {
 	switch {
 	case o.RESPMaxClients < 1:
 		return fmt.Errorf("--resp-max-clients=%d: want >= 1", o.RESPMaxClients)
-	case o.RESPMaxRequestBytes < 1024:
-		return fmt.Errorf("--resp-max-request-bytes=%d: want >= 1024", o.RESPMaxRequestBytes)
+	case o.RESPMaxRequestBytes != 0 && o.RESPMaxRequestBytes < 1024:
+		return fmt.Errorf("--resp-max-request-bytes=%d: want 0 or >= 1024", o.RESPMaxRequestBytes)
+	case o.RESPMaxBulkBytes != 0 && o.RESPMaxBulkBytes < 1024:
+		return fmt.Errorf("--resp-max-bulk-bytes=%d: want 0 or >= 1024", o.RESPMaxBulkBytes)
+	case o.RESPInputBudget != 0 && o.RESPInputBudget < 1<<20:
+		return fmt.Errorf("--resp-input-budget-bytes=%d: want 0 or >= 1 MiB", o.RESPInputBudget)
+	case o.RESPTimeout < 0:
+		return fmt.Errorf("--resp-timeout=%v: want >= 0", o.RESPTimeout)
 	case o.RESPWriteTimeout < 100*time.Millisecond:
 		return fmt.Errorf("--resp-write-timeout=%v: want >= 100ms", o.RESPWriteTimeout)
 	case o.MaxValueBytes < 1 || o.MaxValueBytes > shardkv.MaxValueBytesLimit:

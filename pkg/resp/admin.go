@@ -101,7 +101,7 @@ func (c *conn) authenticate(user, pass []byte, hasUser bool) []byte {
 	case pw != "" && subtle.ConstantTimeCompare(pass, []byte(pw)) != 1:
 		return errReply(errWrongPass)
 	}
-	c.authed = true
+	c.authed.Store(true)
 	return nil
 }
 
@@ -158,7 +158,7 @@ func cmdHello(c *conn, p *pipeline, args [][]byte, _ int) {
 			return
 		}
 	}
-	if !c.authed {
+	if !c.authed.Load() {
 		p.reply(errReply("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time"))
 		return
 	}
@@ -297,13 +297,14 @@ func cmdClientList(c *conn, p *pipeline, args [][]byte, _ int) {
 func (s *Server) configParams() [][2]string {
 	return [][2]string{
 		{"appendonly", "no"},
+		{"client-query-buffer-limit", strconv.Itoa(s.cfg.MaxRequestBytes)},
 		{"cluster-enabled", "yes"},
 		{"databases", "1"},
 		{"maxclients", strconv.Itoa(s.cfg.MaxClients)},
 		{"maxmemory", "0"},
-		{"proto-max-bulk-len", strconv.Itoa(s.cfg.MaxRequestBytes)},
+		{"proto-max-bulk-len", strconv.Itoa(s.cfg.MaxBulkBytes)},
 		{"save", ""},
-		{"timeout", "0"},
+		{"timeout", strconv.Itoa(int(s.cfg.IdleTimeout / time.Second))},
 	}
 }
 

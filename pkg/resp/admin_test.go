@@ -237,8 +237,8 @@ func (e *env) testLimits(t *testing.T) {
 		t.Error("connection open after a request too large")
 	}
 	expect(t, e.do("get", k), strings.Repeat("y", 100))
-	// A large bulk length announced, data trickling in: refused once the
-	// buffered part passes the limit.
+	// A large bulk length announced: refused at its header (the data sent
+	// with it is not waited for).
 	c = dial(t, addr)
 	c.write([]byte("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100000\r\n" + strings.Repeat("z", 1500)))
 	expect(t, c.read(), rerr("ERR Protocol error: request too large (limit 1024 bytes)"))

@@ -249,7 +249,7 @@ func (c *conn) dispatch(p *pipeline, args [][]byte) {
 		p.reply(wrongArgs(cmd.name))
 		return
 	}
-	if !c.authed && !cmd.noAuth() {
+	if !c.authed.Load() && !cmd.noAuth() {
 		p.reply(errReply("NOAUTH Authentication required."))
 		return
 	}

@@ -317,6 +317,14 @@ func (p *pipeline) flushReads() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				// A panic here is outside the connection's recovery: make
+				// it this read's error.
+				defer func() {
+					if r := recover(); r != nil {
+						s.log.Error("panic in a read; answered with an error", "panic", fmt.Sprint(r))
+						g.err = fmt.Errorf("internal error")
+					}
+				}()
 				s.read(g)
 			}()
 		}
@@ -516,6 +524,14 @@ func opErrorText(code string) string {
 		return errNotFloat
 	case shardkvpb.OpErrNaN:
 		return "ERR increment would produce NaN or Infinity"
+	case shardkvpb.OpErrValueTooLarge:
+		return "ERR string exceeds maximum allowed size (the server's value limit)"
+	case shardkvpb.OpErrKeyTooLarge:
+		return "ERR key exceeds the maximum key length"
+	case shardkvpb.OpErrCommandTooLarge:
+		return "ERR the command writes too much for one transaction; send fewer keys per command"
+	case shardkvpb.OpErrBadRecord:
+		return "ERR a stored record could not be decoded (see the server log)"
 	}
-	return code
+	return "ERR " + code
 }

@@ -78,7 +78,10 @@ func (q *cmdQueue) finish(end []byte) {
 func (q *cmdQueue) take() (cmds []queued, end []byte, done bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.busy = false
+	if q.busy {
+		q.busy = false
+		q.cond.Broadcast() // waitDrained
+	}
 	for len(q.cmds) == 0 && !q.ended {
 		q.cond.Wait()
 	}
@@ -88,6 +91,16 @@ func (q *cmdQueue) take() (cmds []queued, end []byte, done bool) {
 	cmds, q.cmds, q.bytes, q.busy = q.cmds, nil, 0, true
 	q.cond.Broadcast()
 	return cmds, nil, false
+}
+
+// waitDrained waits until the executor has run every queued command (or
+// stopped).
+func (q *cmdQueue) waitDrained() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for (len(q.cmds) > 0 || q.busy) && !q.stopped {
+		q.cond.Wait()
+	}
 }
 
 // stop refuses further commands.

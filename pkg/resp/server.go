@@ -15,12 +15,14 @@
 // clients do not retry on their own, and the connection stays open (an I/O
 // error would make them retry too).
 //
-// The server owns its accept loop and uses redcon only to parse RESP, so
-// that it can bound the request size and the number of clients. Each
+// The server owns its accept loop and its request reader (reader.go), so
+// that it can bound every length a client announces before buffering it,
+// the memory all connections hold and the number of clients. Each
 // connection has a reader, an executor and a writer (queue.go, output.go):
 // commands keep being read while others run, consecutive writes of a
 // pipeline become one Raft log entry, and replies stream back in order as
-// each round of the pipeline completes (pipeline.go).
+// each round of the pipeline completes (pipeline.go). redcon only encodes
+// replies.
 package resp
 
 import (
@@ -30,6 +32,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -38,7 +41,6 @@ import (
 
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
-	"github.com/tidwall/redcon"
 )
 
 // Backend is what the server needs from a data-group replica
@@ -68,11 +70,18 @@ var _ Backend = (*shardkv.Group)(nil)
 // Defaults.
 const (
 	DefaultMaxClients = 10000
-	// DefaultMaxRequestBytes bounds one command as received. Values are
+	// DefaultMaxRequestBytes bounds one command as received, and so what
+	// one connection buffers (our client-query-buffer-limit). Values are
 	// bounded far lower (512 KiB by default), and one command becomes at
 	// most one Raft entry (1 MiB by default), so 16 MiB leaves room for
-	// large MSETs and MGETs and still bounds a connection's memory.
+	// large MSETs and MGETs and still bounds a connection's memory. It is
+	// raised to hold one bulk of MaxBulkBytes when that is larger.
 	DefaultMaxRequestBytes = 16 << 20
+	// maxRequestLimit is the largest MaxRequestBytes.
+	maxRequestLimit = 1 << 30
+	// DefaultInputBudgetBytes bounds the input all connections hold at
+	// once (at least 4 requests of MaxRequestBytes).
+	DefaultInputBudgetBytes = 256 << 20
 	// DefaultWriteTimeout bounds a write from proposal to apply. It stays
 	// below go-redis's default 3s read timeout, so that the client gets the
 	// outcome-unknown error rather than an I/O timeout (which it retries).
@@ -108,9 +117,26 @@ type Config struct {
 	// MaxClients bounds open client connections (default 10000); more are
 	// answered "-ERR max number of clients reached" and closed.
 	MaxClients int
-	// MaxRequestBytes bounds one command as received (default 16 MiB);
-	// beyond it the client gets a protocol error and is disconnected.
+	// MaxRequestBytes bounds one command as received (default 16 MiB),
+	// and so what one connection buffers; a command announcing more gets a
+	// protocol error at once and the connection is closed.
 	MaxRequestBytes int
+	// MaxBulkBytes bounds one argument (Redis's proto-max-bulk-len);
+	// default: twice MaxValueBytes, at least 1 MiB, so that a value a bit
+	// too large gets the value-size error rather than a disconnect. A
+	// longer bulk gets "invalid bulk length" at its header.
+	MaxBulkBytes int
+	// MaxArgs bounds a command's argument count (default 1024*1024, Redis
+	// 6's cap); more get "invalid multibulk length" at the header.
+	MaxArgs int
+	// InputBudgetBytes bounds the input all connections hold at once:
+	// buffers and commands received but not run (default 256 MiB, at
+	// least 4 * MaxRequestBytes). A connection that needs more is answered
+	// an error and closed.
+	InputBudgetBytes int64
+	// IdleTimeout closes a client that sends nothing for this long
+	// (Redis's timeout; default 0: never).
+	IdleTimeout time.Duration
 	// MaxValueBytes bounds a value (default and maximum: the backend's).
 	MaxValueBytes int
 	// WriteTimeout bounds a write (default 2s); a write not applied by then
@@ -149,6 +175,10 @@ type Stats struct {
 	OutcomeUnknown int64
 	Refused        int64
 	ProtocolErrors int64
+	// InputBytes is the input all connections hold now (InputBudgetBytes
+	// bounds it); InputRefusals counts connections closed for the budget.
+	InputBytes    int64
+	InputRefusals int64
 }
 
 // Server is a Redis protocol front end for one replica.
@@ -159,6 +189,7 @@ type Server struct {
 	started time.Time
 	cursors *cursorTable
 	cmds    map[string]*command
+	budget  *inputBudget
 
 	// ctx is cancelled by Close, which cancels in-flight backend calls.
 	ctx    context.Context
@@ -172,7 +203,7 @@ type Server struct {
 	wg     sync.WaitGroup
 
 	stats struct {
-		connected, total, rejected, commands, in, out, unknown, refused, protoErrs atomic.Int64
+		connected, total, rejected, commands, in, out, unknown, refused, protoErrs, inputRefusals atomic.Int64
 	}
 }
 
@@ -181,11 +212,22 @@ func New(cfg Config, b Backend) *Server {
 	if cfg.MaxClients <= 0 {
 		cfg.MaxClients = DefaultMaxClients
 	}
-	if cfg.MaxRequestBytes <= 0 {
-		cfg.MaxRequestBytes = DefaultMaxRequestBytes
-	}
 	if m := b.MaxValueBytes(); cfg.MaxValueBytes <= 0 || cfg.MaxValueBytes > m {
 		cfg.MaxValueBytes = m
+	}
+	if cfg.MaxBulkBytes <= 0 {
+		cfg.MaxBulkBytes = max(2*cfg.MaxValueBytes, 1<<20)
+	}
+	if cfg.MaxRequestBytes <= 0 {
+		cfg.MaxRequestBytes = max(DefaultMaxRequestBytes, cfg.MaxBulkBytes+maxLineBytes)
+	}
+	// The reader keeps offsets within a command in 32 bits.
+	cfg.MaxRequestBytes = min(cfg.MaxRequestBytes, maxRequestLimit)
+	if cfg.MaxArgs <= 0 {
+		cfg.MaxArgs = DefaultMaxArgs
+	}
+	if cfg.InputBudgetBytes <= 0 {
+		cfg.InputBudgetBytes = max(DefaultInputBudgetBytes, 4*int64(cfg.MaxRequestBytes))
 	}
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = DefaultWriteTimeout
@@ -213,7 +255,7 @@ func New(cfg Config, b Backend) *Server {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Server{cfg: cfg, b: b, log: cfg.Logger, started: time.Now(), cursors: newCursorTable(), cmds: commandTable(),
-		ctx: ctx, cancel: cancel, lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}}
+		budget: &inputBudget{limit: cfg.InputBudgetBytes}, ctx: ctx, cancel: cancel, lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}}
 }
 
 // ListenAndServe listens on Config.Addr and serves until Close.
@@ -337,6 +379,8 @@ func (s *Server) Stats() Stats {
 		OutcomeUnknown:      s.stats.unknown.Load(),
 		Refused:             s.stats.refused.Load(),
 		ProtocolErrors:      s.stats.protoErrs.Load(),
+		InputBytes:          s.budget.inUse(),
+		InputRefusals:       s.stats.inputRefusals.Load(),
 	}
 }
 
@@ -351,48 +395,21 @@ func (s *Server) clients() []*conn {
 	return out
 }
 
-// errRequestTooLarge is returned by the counting reader once an incomplete
-// command has buffered more than the limit.
-var errRequestTooLarge = errors.New("request too large")
-
-// countingReader sits between the connection and redcon's reader. redcon
-// reads from it only when its buffer holds no complete command, so at that
-// moment everything read but not yet returned as commands (`pending`) is
-// one incomplete command: that is what the request size limit bounds. Reads
-// are also cut to the remaining allowance, so the buffer never grows past
-// the limit by more than one read.
-type countingReader struct {
-	r        io.Reader
-	limit    int64
-	total    int64 // bytes read from the connection
-	consumed int64 // bytes returned as complete commands
-	stats    *atomic.Int64
+// connInput is a connection as the request reader reads it: each read
+// counts its bytes and, with an idle timeout, has a deadline.
+type connInput struct {
+	nc    net.Conn
+	idle  time.Duration
+	stats *atomic.Int64
 }
 
-func (cr *countingReader) Read(p []byte) (int, error) {
-	pending := cr.total - cr.consumed
-	if pending > cr.limit {
-		return 0, errRequestTooLarge
+func (ci connInput) Read(p []byte) (int, error) {
+	if ci.idle > 0 {
+		_ = ci.nc.SetReadDeadline(time.Now().Add(ci.idle))
 	}
-	if allow := cr.limit - pending + 1; int64(len(p)) > allow {
-		p = p[:allow]
-	}
-	n, err := cr.r.Read(p)
-	cr.total += int64(n)
-	cr.stats.Add(int64(n))
+	n, err := ci.nc.Read(p)
+	ci.stats.Add(int64(n))
 	return n, err
-}
-
-// done accounts for commands returned by the reader. A RESP command's Raw
-// is exactly its bytes on the wire; an inline (telnet) command's Raw is its
-// RESP re-encoding, which is longer, so consumed is clamped to what was
-// read: the limit may then be exceeded by the re-encoding overhead of the
-// inline commands buffered with an incomplete one, never undercut.
-func (cr *countingReader) done(cmds []redcon.Command) {
-	for _, c := range cmds {
-		cr.consumed += int64(len(c.Raw))
-	}
-	cr.consumed = min(cr.consumed, cr.total)
 }
 
 // countingWriter counts reply bytes.
@@ -414,16 +431,15 @@ func (cw countingWriter) Write(p []byte) (int, error) {
 type conn struct {
 	s   *Server
 	nc  net.Conn
-	cr  *countingReader
-	rd  *redcon.Reader
+	rd  *reqReader
 	q   *cmdQueue // reader -> executor
 	out *outbox   // executor -> writer
 	w   io.Writer // the connection, counting reply bytes
 
 	id      int64
 	created time.Time
-	authed  bool
-	quit    bool // QUIT: close after the replies are flushed
+	authed  atomic.Bool // set by the executor (AUTH), read by the reader (limits)
+	quit    bool        // QUIT: close after the replies are flushed
 	burst   burst
 	sizes   map[string]int // value sizes last seen (pipeline.written)
 
@@ -437,62 +453,112 @@ type conn struct {
 }
 
 func newConn(s *Server, nc net.Conn, id int64) *conn {
-	cr := &countingReader{r: nc, limit: int64(s.cfg.MaxRequestBytes), stats: &s.stats.in}
 	now := time.Now()
-	return &conn{s: s, nc: nc, cr: cr, rd: redcon.NewReader(cr),
+	c := &conn{s: s, nc: nc,
 		q: newCmdQueue(s.cfg.MaxQueuedBytes), out: newOutbox(s.cfg.MaxOutputBytes), w: countingWriter{nc, &s.stats.out},
-		id: id, created: now, lastAt: now, authed: s.cfg.Password == "", sizes: map[string]int{}}
+		id: id, created: now, lastAt: now, sizes: map[string]int{}}
+	c.authed.Store(s.cfg.Password == "")
+	c.rd = newReqReader(connInput{nc, s.cfg.IdleTimeout, &s.stats.in}, c.limits(), s.budget)
+	return c
+}
+
+// limits are the reader's limits for the connection's next command: far
+// tighter before AUTH, as in Redis.
+func (c *conn) limits() readLimits {
+	cfg := &c.s.cfg
+	return readLimits{maxArgs: cfg.MaxArgs, maxBulk: cfg.MaxBulkBytes, maxRequest: cfg.MaxRequestBytes, unauth: !c.authed.Load()}
 }
 
 // serve reads commands and queues them for the executor (which runs them
 // and puts their replies in the outbox, which the writer writes), until the
-// client leaves, QUIT, a protocol error or Close. The commands read before
-// the client left still run and get their replies.
+// client leaves, QUIT, a protocol error, a panic or Close. The commands
+// read before the client left still run and get their replies.
 func (c *conn) serve() {
+	defer c.rd.release()
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
+		defer c.recoverPanic()
 		c.execute()
 	}()
 	go func() {
 		defer wg.Done()
+		defer c.recoverPanic()
 		c.writeLoop()
 	}()
 	defer wg.Wait()
+	defer c.recoverPanic()
 	for {
-		cmds, err := c.rd.ReadCommands()
+		c.rd.setLimits(c.limits())
+		cmds, err := c.rd.readCommands()
 		if err != nil {
 			c.q.finish(c.readFailed(err))
 			return
 		}
-		c.cr.done(cmds)
 		args := make([][][]byte, len(cmds))
 		for i, cmd := range cmds {
-			args[i] = cmd.Args // redcon copies each command off its buffer
+			args[i] = cmd.Args // each command owns its bytes (reader.go)
 		}
 		if !c.q.push(args, c.out, c.s.cfg.PipelineTimeout) {
 			return
 		}
+		if !c.authed.Load() {
+			// Before AUTH the reader takes one command at a time and waits
+			// for it to run: an AUTH raises the limits for the next read.
+			c.q.waitDrained()
+		}
 	}
+}
+
+// recoverPanic ends a panic in the connection's handling: the connection
+// closes, the process goes on. The log line is short and names where it
+// happened, not the request (which may be large or private).
+func (c *conn) recoverPanic() {
+	r := recover()
+	if r == nil {
+		return
+	}
+	msg := fmt.Sprint(r)
+	if len(msg) > 200 {
+		msg = msg[:200] + "..."
+	}
+	var pcs [32]uintptr
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs[:])])
+	var at []string
+	for len(at) < 6 {
+		f, more := frames.Next()
+		if !strings.HasPrefix(f.Function, "runtime.") {
+			at = append(at, fmt.Sprintf("%s:%d", f.Function[strings.LastIndexByte(f.Function, '/')+1:], f.Line))
+		}
+		if !more {
+			break
+		}
+	}
+	c.s.log.Error("panic serving a client; closed its connection", "client", c.nc.RemoteAddr().String(), "panic", msg, "at", strings.Join(at, " < "))
+	// Every part of the connection stops: the reader sees the closed
+	// socket, the executor the stopped queue, the writer the closed outbox.
+	c.nc.Close()
+	c.q.stop()
+	c.out.close()
 }
 
 // readFailed is the reply to a malformed or oversized request (nil for
 // EOF and the like), written after the replies to the commands before it,
-// before the connection closes. Nothing of the failing read runs: redcon
-// drops the whole buffer on a parse error.
+// before the connection closes, as Redis does. Nothing after it runs.
 func (c *conn) readFailed(err error) []byte {
 	var msg string
+	var pe protoError
 	switch {
-	case errors.Is(err, errRequestTooLarge):
-		msg = fmt.Sprintf("ERR Protocol error: request too large (limit %d bytes)", c.s.cfg.MaxRequestBytes)
-	case strings.HasPrefix(err.Error(), "Protocol error: "):
-		// redcon's parse errors (its error type is unexported).
-		msg = "ERR " + err.Error()
+	case errors.As(err, &pe):
+		msg = "ERR " + string(pe)
+		c.s.stats.protoErrs.Add(1)
+	case errors.Is(err, errInputBudget):
+		msg = fmt.Sprintf("ERR client input buffers of this server are full (%d bytes); try again later", c.s.cfg.InputBudgetBytes)
+		c.s.stats.inputRefusals.Add(1)
 	default:
-		return nil // EOF, reset, or Close
+		return nil // EOF, reset, idle timeout, or Close
 	}
-	c.s.stats.protoErrs.Add(1)
-	c.s.log.Debug("protocol error", "client", c.nc.RemoteAddr().String(), "err", msg)
+	c.s.log.Debug("refused input", "client", c.nc.RemoteAddr().String(), "err", msg)
 	return errReply(msg)
 }

@@ -1,7 +1,6 @@
 package shardkv
 
 import (
-
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"google.golang.org/grpc"
 )
