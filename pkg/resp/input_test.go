@@ -203,7 +203,8 @@ func (e *inputEnv) testGoodBeforeBad(t *testing.T) {
 // 10 arguments, 16 KiB bulks. AUTH lifts them for the next command, even
 // in the same pipeline.
 func (e *inputEnv) testUnauthenticated(t *testing.T) {
-	_, addr := extraServer(t, resp.Config{Password: "pw"}, e.g)
+	// A bulk limit of 1 MiB, so that a bulk over it is over both limits.
+	_, addr := extraServer(t, resp.Config{Password: "pw", MaxBulkBytes: 1 << 20}, e.g)
 	by := dial(t, addr)
 	defer by.c.Close()
 	expect(t, by.do("auth", "pw"), status("OK"))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -532,6 +533,9 @@ func opErrorText(code string) string {
 		return "ERR the command writes too much for one transaction; send fewer keys per command"
 	case shardkvpb.OpErrBadRecord:
 		return "ERR a stored record could not be decoded (see the server log)"
+	}
+	if strings.Contains(code, " ") {
+		return code // already a Redis error text
 	}
 	return "ERR " + code
 }

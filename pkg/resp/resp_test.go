@@ -203,9 +203,9 @@ func (e *env) testSet(t *testing.T) {
 	big := strings.Repeat("v", shardkv.DefaultMaxValueBytes+1)
 	expect(t, e.do("set", k, big), rerr(fmt.Sprintf("ERR value of %d bytes exceeds the limit of %d bytes", len(big), shardkv.DefaultMaxValueBytes)))
 	expect(t, e.do("append", k, big), rerr(fmt.Sprintf("ERR value of %d bytes exceeds the limit of %d bytes", len(big), shardkv.DefaultMaxValueBytes)))
-	bigKey := strings.Repeat("k", 64<<10+1)
+	bigKey := strings.Repeat("k", shardkv.MaxKeyBytesLimit+1)
 	c := e.conn(e.leaderAddr(gA))
-	expect(t, c.do("set", bigKey, "v"), rerr(fmt.Sprintf("ERR key of %d bytes exceeds the limit of %d bytes", len(bigKey), 64<<10)))
+	expect(t, c.do("set", bigKey, "v"), rerr(fmt.Sprintf("ERR key of %d bytes exceeds the limit of %d bytes", len(bigKey), shardkv.MaxKeyBytesLimit)))
 	expect(t, e.do("get", k), nil)
 }
 
