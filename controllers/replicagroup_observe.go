@@ -134,7 +134,7 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 	if o.Leader != nil {
 		for _, m := range o.Leader.Members {
 			o.Members = append(o.Members, memberView{ID: m.Id, Ordinal: ordinalOf(rg.Name, rg.Namespace, m.Addr),
-				Learner: m.Learner, Match: m.Match})
+				Learner: m.Learner, Match: m.Match, HeardMsAgo: m.HeardMsAgo})
 		}
 	}
 

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -25,6 +26,11 @@ import (
 // trail the leader's commit index and still count as caught up: the same
 // margin /readyz allows a replica's applied index.
 const maxCatchUpLag = 1000
+
+// maxSilence is how long ago the leader may have last heard from a member
+// that counts as healthy: an election timeout, after which the leader
+// itself gives up on a silent quorum.
+const maxSilence = time.Second
 
 // stepKind is what one pass does.
 type stepKind string
@@ -138,6 +144,9 @@ type memberView struct {
 	Learner bool
 	// Match is the leader's replicated index of the member.
 	Match uint64
+	// HeardMsAgo: since the leader last heard from the member (nil: the
+	// leader predates the field).
+	HeardMsAgo *uint64
 }
 
 // observed is everything a pass knows about one ReplicaGroup.
@@ -249,6 +258,17 @@ func (o *observed) healthy(m memberView) bool {
 	case "leader", "follower", "learner":
 	default:
 		return false
+	}
+	if !o.isLeader(m) && o.Leader != nil {
+		// Both directions work now, not only before a restart: the member
+		// follows this leader (it heard from it), and the leader heard
+		// from it lately (raft keeps a restarted member's old match).
+		if p.Status.Leader != o.Leader.Id || p.Status.Term != o.Leader.Term {
+			return false
+		}
+		if m.HeardMsAgo != nil && time.Duration(*m.HeardMsAgo)*time.Millisecond > maxSilence {
+			return false
+		}
 	}
 	return o.caughtUp(m)
 }

@@ -293,6 +293,29 @@ func TestPlanRollingUpdateWaitsForHealth(t *testing.T) {
 	}
 }
 
+// A follower that just restarted keeps, on the leader, the match index it
+// had before; the next pod restarts only once the follower and the leader
+// hear each other again (else the leader is left without a quorum).
+func TestPlanRollingUpdateWaitsForContact(t *testing.T) {
+	w := newSimGroup(t, 3, 9)
+	w.updateRev = "rev2"
+	w.pods[2].rev = "rev2" // restarted first (the highest follower)
+	w.pods[2].lonely = true
+	if st := nextStep(w.observe()); st.Kind != stepWait || st.Reason != reasonWaitingForRollout || !strings.Contains(st.Message, "rg-2") {
+		t.Fatalf("step %s, want a wait for pod 2 to hear from the leader", st)
+	}
+	w.pods[2].lonely = false
+	long, short := uint64(5000), uint64(50)
+	w.pods[2].heardMs = &long
+	if st := nextStep(w.observe()); st.Kind != stepWait || !strings.Contains(st.Message, "rg-2") {
+		t.Fatalf("step %s, want a wait for the leader to hear from pod 2", st)
+	}
+	w.pods[2].heardMs = &short
+	if st := nextStep(w.observe()); st.Kind != stepRestartPod || st.Ordinal != 1 {
+		t.Fatalf("step %s, want RestartPod(1)", st)
+	}
+}
+
 func TestPlanRollingUpdateSingleReplica(t *testing.T) {
 	w := newSimGroup(t, 1, 9)
 	w.updateRev = "rev2"

@@ -21,6 +21,10 @@ type simPod struct {
 	removed bool   // it applied its own removal
 	rev     string
 	down    bool // the admin API does not answer
+	// lonely: just restarted, it has not heard from the leader yet;
+	// heardMs: the leader's "heard from it" age, if the leader reports one.
+	lonely  bool
+	heardMs *uint64
 }
 
 // simWorld is one group and its surroundings.
@@ -110,13 +114,20 @@ func (w *simWorld) role(p *simPod) string {
 func (w *simWorld) status(p *simPod) *shardkvpb.MemberStatus {
 	st := &shardkvpb.MemberStatus{GroupId: w.gid, Id: p.id, Role: w.role(p), Term: w.term, Commit: w.commit, Applied: w.commit,
 		Leader: w.leaderID}
+	if p.lonely {
+		st.Leader = 0
+	}
 	if st.Role == "leader" {
 		for _, m := range w.members {
 			addr := "elsewhere:7000"
+			var heard *uint64
 			if m.Ordinal >= 0 {
 				addr = fmt.Sprintf("%s:%d", PodDNS(w.name, m.Ordinal, w.ns), GRPCPort)
+				if mp := w.pods[m.Ordinal]; mp != nil {
+					heard = mp.heardMs
+				}
 			}
-			st.Members = append(st.Members, &shardkvpb.Member{Id: m.ID, Addr: addr, Learner: m.Learner, Match: m.Match})
+			st.Members = append(st.Members, &shardkvpb.Member{Id: m.ID, Addr: addr, Learner: m.Learner, Match: m.Match, HeardMsAgo: heard})
 		}
 	}
 	return st
@@ -154,7 +165,7 @@ func (w *simWorld) observe() *observed {
 		if pv.Status != nil && pv.Status.Role == "leader" {
 			o.Leader, o.LeaderOrdinal = pv.Status, ord
 			for _, m := range pv.Status.Members {
-				o.Members = append(o.Members, memberView{ID: m.Id, Ordinal: ordinalOf(w.name, w.ns, m.Addr), Learner: m.Learner, Match: m.Match})
+				o.Members = append(o.Members, memberView{ID: m.Id, Ordinal: ordinalOf(w.name, w.ns, m.Addr), Learner: m.Learner, Match: m.Match, HeardMsAgo: m.HeardMsAgo})
 			}
 		}
 	}

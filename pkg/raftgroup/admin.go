@@ -5,6 +5,7 @@ import (
 
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 )
 
 // RegisterGRPC registers the replica's Raft transport and Admin services on
@@ -45,7 +46,11 @@ func (r *Replica) StatusProto() *shardkvpb.MemberStatus {
 func membersProto(ms []Member) []*shardkvpb.Member {
 	var out []*shardkvpb.Member
 	for _, m := range ms {
-		out = append(out, &shardkvpb.Member{Id: m.ID, Addr: m.Addr, Learner: m.Learner, Match: m.Match})
+		pm := &shardkvpb.Member{Id: m.ID, Addr: m.Addr, Learner: m.Learner, Match: m.Match}
+		if m.HeardAgo >= 0 {
+			pm.HeardMsAgo = proto.Uint64(uint64(m.HeardAgo.Milliseconds()))
+		}
+		out = append(out, pm)
 	}
 	return out
 }

@@ -158,6 +158,9 @@ type Member struct {
 	Addr    string
 	Learner bool
 	Match   uint64 // leader only: replicated index
+	// HeardAgo (leader only, else -1): since the last Raft message from the
+	// member reached this replica (since it started, if none did).
+	HeardAgo time.Duration
 }
 
 // Status is a snapshot of this replica's view of the group.
@@ -177,19 +180,29 @@ func (r *Replica) Status() Status {
 	st.FirstIndex, _ = r.store.FirstIndex()
 	st.LastIndex, _ = r.store.LastIndex()
 	var progress map[uint64]uint64
-	if r.IsLeader() && !r.isClosed() {
+	leader := r.IsLeader() && !r.isClosed()
+	if leader {
 		progress = map[uint64]uint64{}
 		for id, pr := range r.node.Status().Progress {
 			progress[id] = pr.Match
 		}
 	}
+	heard := func(id uint64) time.Duration {
+		switch {
+		case !leader:
+			return -1
+		case id == r.cfg.ID:
+			return 0
+		}
+		return r.heard.ago(id)
+	}
 	r.membersMu.RLock()
 	cs := r.conf
 	for _, id := range cs.GetVoters() {
-		st.Members = append(st.Members, Member{ID: id, Addr: r.members[id], Match: progress[id]})
+		st.Members = append(st.Members, Member{ID: id, Addr: r.members[id], Match: progress[id], HeardAgo: heard(id)})
 	}
 	for _, id := range cs.GetLearners() {
-		st.Members = append(st.Members, Member{ID: id, Addr: r.members[id], Learner: true, Match: progress[id]})
+		st.Members = append(st.Members, Member{ID: id, Addr: r.members[id], Learner: true, Match: progress[id], HeardAgo: heard(id)})
 	}
 	isLearner := slices.Contains(cs.GetLearners(), r.cfg.ID)
 	isMember := isLearner || slices.Contains(cs.GetVoters(), r.cfg.ID)

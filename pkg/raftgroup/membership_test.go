@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/raftgroup/rgtest"
@@ -212,4 +213,45 @@ func TestLearnerCatchesUpViaSnapshot(t *testing.T) {
 		t.Fatalf("after learner restart: a=%q", d["a"])
 	}
 	_ = l
+}
+
+// TestStatusHeardAgo: a leader reports how long ago each member last spoke
+// to it: fresh for live followers, growing for a crashed one (whose match
+// index raft keeps), fresh again once it is back.
+func TestStatusHeardAgo(t *testing.T) {
+	c := rgtest.NewCluster(t, 3, rgtest.Options{})
+	l := c.WaitLeader(engHang)
+	var down uint64
+	for _, id := range c.IDs() {
+		if id != l {
+			down = id
+			break
+		}
+	}
+	heard := func(id uint64) time.Duration {
+		for _, m := range c.Replica(l).Status().Members {
+			if m.ID == id {
+				return m.HeardAgo
+			}
+		}
+		t.Fatalf("member %d not in the leader's status", id)
+		return 0
+	}
+	engWaitFor(t, "every member heard lately", func() bool {
+		for _, id := range c.IDs() {
+			if heard(id) > 500*time.Millisecond {
+				return false
+			}
+		}
+		return true
+	})
+	for _, m := range c.Replica(down).Status().Members {
+		if m.HeardAgo != -1 {
+			t.Fatalf("follower %d reports heard-ago %v for %d; only a leader knows", down, m.HeardAgo, m.ID)
+		}
+	}
+	c.Crash(down)
+	engWaitFor(t, fmt.Sprintf("member %d silent for 1.5s", down), func() bool { return heard(down) > 1500*time.Millisecond })
+	c.Start(down)
+	engWaitFor(t, fmt.Sprintf("member %d heard again", down), func() bool { return heard(down) < 500*time.Millisecond })
 }

@@ -165,6 +165,7 @@ type Replica struct {
 	conf      *pb.ConfState     // copy of confState for readers
 
 	props   *proposals
+	heard   *contacts // peers' last Raft messages (Status)
 	reads   *readBatcher
 	applyW  *indexWaiter
 	confMu  sync.Mutex // one membership change at a time from this replica
@@ -218,6 +219,7 @@ func Open(cfg Config, sm StateMachine) (*Replica, error) {
 		applyW:  newIndexWaiter(),
 	}
 	r.props = newProposals()
+	r.heard = newContacts()
 	if err := r.init(); err != nil {
 		db.Close()
 		return nil, err

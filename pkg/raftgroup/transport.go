@@ -314,6 +314,7 @@ func (s *raftServer) Send(stream shardkvpb.Raft_SendServer) error {
 		if err := s.check(batch.GroupId, batch.To, batch.From, batch.FromAddr); err != nil {
 			return err
 		}
+		s.r.heard.note(batch.From)
 		for _, b := range batch.Messages {
 			m := &pb.Message{}
 			if err := proto.Unmarshal(b, m); err != nil {

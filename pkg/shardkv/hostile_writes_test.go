@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/client"
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkv/kvtest"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -265,7 +266,7 @@ func TestHostileMultiPutManyKeys(t *testing.T) {
 // apply; the op that would pass the limit changes nothing.
 func TestAppendFinalSize(t *testing.T) {
 	w, keep := hostileWorld(t)
-	piece := []byte(strings.Repeat("a", 200<<10))
+	piece := []byte(strings.Repeat("a", shardkv.DefaultMaxValueBytes*2/5))
 	var last *shardkvpb.WriteResult
 	for i := range 3 {
 		outs, err := batch(t, w, []*shardkvpb.WriteOp{{Kind: shardkvpb.WriteOp_APPEND, Key: []byte("log"), Value: piece}})
@@ -279,6 +280,11 @@ func TestAppendFinalSize(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	// The Go client says so too (it used to return nil).
+	var oe *client.OpError
+	if err := w.Client().Append(ctx, "log", string(piece)); !errors.As(err, &oe) || oe.Code != shardkvpb.OpErrValueTooLarge {
+		t.Fatalf("client Append past the limit: %v, want an OpError %s", err, shardkvpb.OpErrValueTooLarge)
+	}
 	v, _, err := w.Client().Get(ctx, "log")
 	if err != nil || len(v) != 2*len(piece) {
 		t.Fatalf("log holds %d bytes (%v), want %d", len(v), err, 2*len(piece))

@@ -314,7 +314,12 @@ type Member struct {
 	Addr    string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
 	Learner bool   `protobuf:"varint,3,opt,name=learner,proto3" json:"learner,omitempty"`
 	// Leader only: highest log index known to be replicated on this member.
-	Match         uint64 `protobuf:"varint,4,opt,name=match,proto3" json:"match,omitempty"`
+	Match uint64 `protobuf:"varint,4,opt,name=match,proto3" json:"match,omitempty"`
+	// Leader only: how long ago the leader last received a Raft message from
+	// this member (since the leader started, if never). A member that just
+	// restarted keeps its old match until it answers; this says whether it
+	// has. Absent from replicas that predate it.
+	HeardMsAgo    *uint64 `protobuf:"varint,5,opt,name=heard_ms_ago,json=heardMsAgo,proto3,oneof" json:"heard_ms_ago,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -373,6 +378,13 @@ func (x *Member) GetLearner() bool {
 func (x *Member) GetMatch() uint64 {
 	if x != nil {
 		return x.Match
+	}
+	return 0
+}
+
+func (x *Member) GetHeardMsAgo() uint64 {
+	if x != nil && x.HeardMsAgo != nil {
+		return *x.HeardMsAgo
 	}
 	return 0
 }
@@ -937,12 +949,15 @@ const file_replica_proto_rawDesc = "" +
 	"\tfrom_addr\x18\x06 \x01(\tR\bfromAddr\"#\n" +
 	"\vSnapshotAck\x12\x14\n" +
 	"\x05bytes\x18\x01 \x01(\x04R\x05bytes\"\x0f\n" +
-	"\rStatusRequest\"\\\n" +
+	"\rStatusRequest\"\x94\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x18\n" +
 	"\alearner\x18\x03 \x01(\bR\alearner\x12\x14\n" +
-	"\x05match\x18\x04 \x01(\x04R\x05match\"\xc4\x03\n" +
+	"\x05match\x18\x04 \x01(\x04R\x05match\x12%\n" +
+	"\fheard_ms_ago\x18\x05 \x01(\x04H\x00R\n" +
+	"heardMsAgo\x88\x01\x01B\x0f\n" +
+	"\r_heard_ms_ago\"\xc4\x03\n" +
 	"\fMemberStatus\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
@@ -1056,6 +1071,7 @@ func file_replica_proto_init() {
 	if File_replica_proto != nil {
 		return
 	}
+	file_replica_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
