@@ -10,7 +10,7 @@ KUBECTL ?= kubectl
 # Extra flags for `make run-manager`, e.g. MANAGER_ARGS="--namespace=demo".
 MANAGER_ARGS ?=
 
-.PHONY: all run build test bench lint vet staticcheck tidy-check generate generate-proto generate-deepcopy manifests generate-check \
+.PHONY: all run build test fuzz bench lint vet staticcheck tidy-check generate generate-proto generate-deepcopy manifests generate-check \
 	install uninstall deploy undeploy run-manager clean test-e2e images cluster-up cluster-down
 
 all: build
@@ -39,6 +39,12 @@ test:
 	assets="$$(printf '%s\n' "$$out" | tail -n 1)"; \
 	echo "KUBEBUILDER_ASSETS=$$assets $(GO) test -race -count=1 -timeout 30m ./..."; \
 	KUBEBUILDER_ASSETS="$$assets" SHARDKV_REQUIRE_ENVTEST=1 $(GO) test -race -count=1 -timeout 30m ./...
+
+## fuzz: every Go fuzz target for FUZZTIME each (default 30s; CI runs
+## this); a crash's input lands in the package's testdata/fuzz/.
+FUZZTIME ?= 30s
+fuzz:
+	hack/fuzz.sh $(FUZZTIME)
 
 ## test-e2e: the end-to-end tests (e2e/, build tag e2e) on a real cluster.
 ## With KUBECONFIG unset: brings up hack/local-cluster.sh, builds and loads

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# hack/fuzz.sh [DURATION] [TARGET...]: runs each Go fuzz target for DURATION
+# (default 30s), one after another; a crash fails the run and go test writes
+# the input under the package's testdata/fuzz/<Target>/ (commit it: it
+# becomes a regression input that every `go test` runs). CI runs a bounded
+# sample of each target on every run; long campaigns are run by hand, e.g.
+#   hack/fuzz.sh 30m FuzzRESPReader
+# With no TARGET, every Fuzz* function under pkg/ is run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/local/go/bin"
+dur=${1:-30s}
+shift || true
+
+# target list: "pkg Func" lines.
+targets=$(grep -rlE '^func Fuzz[A-Za-z0-9_]+\(f \*testing\.F\)' --include='*_test.go' pkg | sort |
+  while read -r file; do
+    for fn in $(grep -oE '^func Fuzz[A-Za-z0-9_]+' "$file" | cut -d' ' -f2); do
+      echo "./$(dirname "$file") $fn"
+    done
+  done)
+if [ "$#" -gt 0 ]; then
+  want=" $* "
+  targets=$(echo "$targets" | while read -r pkg fn; do case "$want" in *" $fn "*) echo "$pkg $fn";; esac; done)
+fi
+[ -n "$targets" ] || { echo "fuzz: no targets" >&2; exit 1; }
+
+rc=0
+while read -r pkg fn; do
+  t0=$SECONDS
+  echo "fuzz: $fn ($pkg) for $dur"
+  out=$(mktemp)
+  if go test -run='^$' -fuzz="^${fn}\$" -fuzztime="$dur" "$pkg" >"$out" 2>&1; then
+    # The last progress line: execs and their rate.
+    last=$(grep -E 'fuzz: elapsed' "$out" | tail -n 1 || true)
+    el=$(sed -nE 's/.*elapsed: ([0-9]+)s.*/\1/p' <<<"$last")
+    ex=$(sed -nE 's/.*execs: ([0-9]+).*/\1/p' <<<"$last")
+    rate=""
+    [ -n "$el" ] && [ "${el:-0}" -gt 0 ] && rate=" ($((ex / el)) execs/s on average)"
+    echo "fuzz: $fn ok in $((SECONDS - t0))s: ${ex:-?} execs in ${el:-?}s${rate}"
+  else
+    echo "fuzz: $fn FAILED after $((SECONDS - t0))s:" >&2
+    tail -n 40 "$out" >&2
+    rc=1
+  fi
+  rm -f "$out"
+done <<<"$targets"
+exit "$rc"
