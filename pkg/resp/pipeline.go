@@ -23,6 +23,10 @@ import (
 // (about 2.4 MiB) counts every write, so ten thousand APPENDs to one 50 KB
 // key are 500 MB even though the ops carry a few bytes each.
 const (
+	// maxLogReadKeys: a read of more keys waits for the write batch rather
+	// than joining it (each key read in the log is an op whose result, the
+	// value, every replica computes and holds).
+	maxLogReadKeys  = 16
 	maxBatchOps     = 1024
 	maxBatchBytes   = 256 << 10
 	maxBatchWritten = 1 << 20
@@ -109,7 +113,7 @@ func (p *pipeline) reply(b []byte) { p.add(&item{out: b}) }
 // than in a ReadIndex round after it; reads of a READONLY connection (a
 // follower's) and reads of expiry times still wait for the batch.
 func (p *pipeline) read(it *item) {
-	if len(p.writes) > 0 && !it.follower && !it.ttl {
+	if len(p.writes) > 0 && !it.follower && !it.ttl && len(it.keys) <= maxLogReadKeys {
 		it.logRead, it.ops = true, logReadOps(it.keys)
 		p.write(it)
 		return
@@ -334,10 +338,13 @@ func (p *pipeline) flushReads() {
 	for _, g := range groups {
 		off := 0
 		for _, it := range g.items {
-			if g.err != nil {
+			switch vals := g.vals[off : off+len(it.keys)]; {
+			case g.err != nil:
 				it.out = s.readError(g, it.slot)
-			} else {
-				it.out = it.onRead(g.vals[off : off+len(it.keys)])
+			case s.replyTooLarge(vals) != nil:
+				it.out = s.replyTooLarge(vals)
+			default:
+				it.out = it.onRead(vals)
 			}
 			off += len(it.keys)
 		}
@@ -348,9 +355,30 @@ func (p *pipeline) flushReads() {
 func (s *Server) read(g *readGroup) {
 	ctx, cancel := s.roundContext(s.cfg.ReadTimeout, g.first)
 	defer cancel()
-	g.vals, g.err = s.b.ReadKeys(ctx, g.keys, g.follower)
-	if g.err == nil && len(g.vals) != len(g.keys) {
-		g.err = fmt.Errorf("backend returned %d values for %d keys", len(g.vals), len(g.keys))
+	// Each distinct key is read once: MGET of one large key repeated holds
+	// one copy of its value, not one per argument.
+	idx := make([]int, len(g.keys))
+	at := map[string]int{}
+	var distinct [][]byte
+	for i, k := range g.keys {
+		j, ok := at[string(k)]
+		if !ok {
+			j = len(distinct)
+			at[string(k)] = j
+			distinct = append(distinct, k)
+		}
+		idx[i] = j
+	}
+	vals, err := s.b.ReadKeys(ctx, distinct, g.follower)
+	g.err = err
+	if err == nil && len(vals) != len(distinct) {
+		g.err = fmt.Errorf("backend returned %d values for %d keys", len(vals), len(distinct))
+	}
+	if g.err == nil {
+		g.vals = make([]shardkv.ValueEntry, len(g.keys))
+		for i, j := range idx {
+			g.vals[i] = vals[j]
+		}
 	}
 	g.timedOut = errors.Is(ctx.Err(), context.DeadlineExceeded)
 }
@@ -447,6 +475,21 @@ func (s *Server) runWrites(items []*item) {
 	}
 }
 
+// replyTooLarge is the error reply to a read whose values together pass
+// MaxReplyBytes (nil if they do not): one reply is built whole in memory,
+// and MGET of one 8 MiB key a million times would be 8 TB of it.
+func (s *Server) replyTooLarge(vals []shardkv.ValueEntry) []byte {
+	n := 0
+	for _, v := range vals {
+		n += len(v.Value) + 16
+	}
+	if n <= s.cfg.MaxReplyBytes {
+		return nil
+	}
+	s.stats.refused.Add(1)
+	return errReply(fmt.Sprintf("ERR the reply would be %d bytes, over the limit of %d bytes; read fewer or smaller keys per command", n, s.cfg.MaxReplyBytes))
+}
+
 func (s *Server) unknown(items []*item) {
 	for _, it := range items {
 		if it.logRead {
@@ -501,6 +544,9 @@ func (s *Server) writeReply(it *item, outs []shardkv.WriteOutcome) []byte {
 		vals := make([]shardkv.ValueEntry, len(res))
 		for i, r := range res {
 			vals[i] = shardkv.ValueEntry{Found: r.PrevFound, Value: r.Prev}
+		}
+		if e := s.replyTooLarge(vals); e != nil {
+			return e
 		}
 		return it.onRead(vals)
 	}

@@ -302,3 +302,33 @@ func (e *env) testFirstRefused(t *testing.T) {
 }
 
 const errFirstRefused = "TRYAGAIN not executed: the first command of this pipeline was refused; resend the pipeline"
+
+// TestMGetOfOneLargeKeyRepeated: a read's reply is bounded (MaxReplyBytes):
+// MGET of one 4 MiB key 100 times is refused with a clear error instead of
+// building a 400 MiB reply, the connection and the server go on, and a
+// smaller MGET of the same key is answered.
+func TestMGetOfOneLargeKeyRepeated(t *testing.T) {
+	_, addr := defaultWorld(t)
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: slow})
+	defer rdb.Close()
+	ctx := context.Background()
+	big := strings.Repeat("x", 4<<20)
+	if err := rdb.Set(ctx, "{big}k", big, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, 100)
+	for i := range keys {
+		keys[i] = "{big}k"
+	}
+	_, err := rdb.MGet(ctx, keys...).Result()
+	if err == nil || !strings.Contains(err.Error(), "over the limit of") {
+		t.Fatalf("MGET of 100 x 4 MiB: %v, want the reply-size error", err)
+	}
+	vals, err := rdb.MGet(ctx, keys[:10]...).Result()
+	if err != nil || len(vals) != 10 || vals[9] != big {
+		t.Fatalf("MGET of 10 x 4 MiB after the refusal: %d values, %v", len(vals), err)
+	}
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after: %v", err)
+	}
+}

@@ -97,6 +97,8 @@ const (
 	// the connection's further commands are not read until they drain.
 	DefaultMaxQueuedBytes = 16 << 20
 	DefaultMaxOutputBytes = 16 << 20
+	// DefaultMaxReplyBytes is Config.MaxReplyBytes's default.
+	DefaultMaxReplyBytes = 64 << 20
 )
 
 // flushTimeout bounds writing one batch of replies to a client, so a client
@@ -156,6 +158,9 @@ type Config struct {
 	// they drain.
 	MaxQueuedBytes int
 	MaxOutputBytes int
+	// MaxReplyBytes bounds one read's reply (default 64 MiB): a reply is
+	// built whole before it is queued, so MaxOutputBytes cannot bound it.
+	MaxReplyBytes int
 	// Version is reported by INFO as shardkv_version (default: the
 	// module version from the build info).
 	Version string
@@ -243,6 +248,9 @@ func New(cfg Config, b Backend) *Server {
 	}
 	if cfg.MaxOutputBytes <= 0 {
 		cfg.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if cfg.MaxReplyBytes <= 0 {
+		cfg.MaxReplyBytes = DefaultMaxReplyBytes
 	}
 	if cfg.Version == "" {
 		cfg.Version = "dev"
