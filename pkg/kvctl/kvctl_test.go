@@ -218,7 +218,9 @@ func TestNoController(t *testing.T) {
 // startWorld runs a controller and groups 1 and 2 (joined), and group 3
 // (started, not joined).
 func startWorld(t *testing.T) (*kvtest.World, string) {
-	w := kvtest.New(t, kvtest.Options{Shards: nshards})
+	// No history compaction during the test: it reads config 0 (and, on a
+	// slow machine, more than the default 10 s may pass before it does).
+	w := kvtest.New(t, kvtest.Options{Shards: nshards, CompactEvery: time.Hour})
 	for gid := uint64(1); gid <= 3; gid++ {
 		w.StartGroup(gid)
 	}

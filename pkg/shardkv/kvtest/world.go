@@ -131,6 +131,9 @@ type Options struct {
 	// replica on addr (stable across the replica's restarts; it is the
 	// replica's advertised RESP address) and returns its stop function.
 	RESP func(addr string, g *shardkv.Group) (stop func())
+	// CompactEvery is the controller's history compaction interval
+	// (ctrler.ServerConfig.CompactEvery; default its own).
+	CompactEvery time.Duration
 }
 
 // New starts a controller group (3 replicas); data groups start with StartGroup.
@@ -148,7 +151,7 @@ func New(t testing.TB, o Options) *World {
 		GroupID: 1 << 40,
 		NewSM:   func(uint64) raftgroup.StateMachine { return ctrler.NewStateMachine() },
 		Register: func(id uint64, s *grpc.Server, r *raftgroup.Replica, sm raftgroup.StateMachine) {
-			srv := ctrler.NewServer(ctrler.ServerConfig{Shards: o.Shards, Logger: rgtest.Logger()}, r, sm.(*ctrler.StateMachine))
+			srv := ctrler.NewServer(ctrler.ServerConfig{Shards: o.Shards, CompactEvery: o.CompactEvery, Logger: rgtest.Logger()}, r, sm.(*ctrler.StateMachine))
 			srv.Register(s)
 			w.setStop(fmt.Sprintf("c/%d", id), srv.Stop)
 		},
