@@ -338,12 +338,11 @@ func (p *pipeline) flushReads() {
 	for _, g := range groups {
 		off := 0
 		for _, it := range g.items {
-			switch vals := g.vals[off : off+len(it.keys)]; {
-			case g.err != nil:
+			if g.err != nil {
 				it.out = s.readError(g, it.slot)
-			case s.replyTooLarge(vals) != nil:
+			} else if vals := g.vals[off : off+len(it.keys)]; s.replyTooLarge(vals) != nil {
 				it.out = s.replyTooLarge(vals)
-			default:
+			} else {
 				it.out = it.onRead(vals)
 			}
 			off += len(it.keys)
