@@ -39,6 +39,9 @@ test:
 	assets="$$(printf '%s\n' "$$out" | tail -n 1)"; \
 	echo "KUBEBUILDER_ASSETS=$$assets $(GO) test -race -count=1 -timeout 30m ./..."; \
 	KUBEBUILDER_ASSETS="$$assets" SHARDKV_REQUIRE_ENVTEST=1 $(GO) test -race -count=1 -timeout 30m ./...
+	@# Tests built only without the race detector (//go:build !race: 8 MiB
+	@# values under it take minutes).
+	$(GO) test -count=1 -timeout 10m -run 'LargeValue' ./pkg/shardkv/
 
 ## fuzz: every Go fuzz target for FUZZTIME each (default 30s; CI runs
 ## this); a crash's input lands in the package's testdata/fuzz/.

@@ -1,3 +1,9 @@
+//go:build !race
+
+// Large values under the race detector take minutes (every byte copied is
+// instrumented), so these tests run without it: `make test` runs them in a
+// second, plain pass.
+
 package shardkv_test
 
 import (
