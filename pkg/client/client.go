@@ -366,8 +366,13 @@ func (c *Client) MultiPut(ctx context.Context, kvs map[string]string) error {
 		retry, err := fanOut(ctx, c, pending,
 			func(ctx context.Context, cl shardkvpb.KVClient, part []string) (*shardkvpb.MultiWriteReply, error) {
 				ops := make([]*shardkvpb.WriteOp, len(part))
+				// One ack for the whole request: ack scans every write in
+				// flight, this call's own keys included, so one per op
+				// made building the request quadratic in its keys.
+				ack := c.sess.ack()
 				for i, k := range part {
-					ops[i] = &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: []byte(k), Value: []byte(kvs[k]), Session: c.session(seqs[k])}
+					ops[i] = &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: []byte(k), Value: []byte(kvs[k]),
+						Session: &shardkvpb.Session{ClientId: c.sess.id, Seq: seqs[k], Ack: ack}}
 				}
 				return cl.MultiWrite(ctx, &shardkvpb.MultiWriteRequest{Ops: ops})
 			},

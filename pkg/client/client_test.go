@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -233,5 +234,37 @@ func TestClientWrongGroupAndNotReady(t *testing.T) {
 	}
 	if r[0].count() != 3 || r[1].count() != 0 || ctrl.count() != 2 {
 		t.Fatalf("calls %d %d, %d queries; want 3 0, 2", r[0].count(), r[1].count(), ctrl.count())
+	}
+}
+
+func (r *fakeReplica) MultiWrite(_ context.Context, req *shardkvpb.MultiWriteRequest) (*shardkvpb.MultiWriteReply, error) {
+	if err := r.call(nil); err != nil {
+		return nil, err
+	}
+	rep := &shardkvpb.MultiWriteReply{}
+	for range req.Ops {
+		rep.Results = append(rep.Results, &shardkvpb.WriteResult{Ok: true})
+	}
+	return rep, nil
+}
+
+// TestMultiPutManyKeysWithinAttempt: building a MultiPut's request is
+// linear in its keys. It computed every op's session ack afresh, a scan of
+// all the writes in flight (the call's own), so 40,000 keys took seconds
+// of the 2s attempt timeout before the request was even sent, and every
+// attempt timed out (found by node's TestHostileInput under -race, at
+// 9,000 keys).
+func TestMultiPutManyKeysWithinAttempt(t *testing.T) {
+	c, _, reps := cluster(t, 1)
+	kvs := map[string]string{}
+	for i := range 40000 {
+		kvs[fmt.Sprintf("k%d", i)] = "v"
+	}
+	start := time.Now()
+	if err := c.MultiPut(ctx(t, 20*time.Second), kvs); err != nil {
+		t.Fatalf("MultiPut of %d keys: %v after %v", len(kvs), err, time.Since(start))
+	}
+	if n := reps[0].count(); n != 1 {
+		t.Errorf("%d MultiWrite calls, want 1", n)
 	}
 }

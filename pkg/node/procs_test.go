@@ -513,6 +513,13 @@ type localCluster struct {
 // until it is serving; it retries on other ports if one was taken.
 func startLocal(t *testing.T, procs int, args ...string) *localCluster {
 	t.Helper()
+	return startLocalEnv(t, procs, nil, args...)
+}
+
+// startLocalEnv is startLocal with extra environment for `node local`,
+// which its children inherit (SHARDKV_* sets their `node serve` flags).
+func startLocalEnv(t *testing.T, procs int, env []string, args ...string) *localCluster {
+	t.Helper()
 	dir := t.TempDir()
 	home := filepath.Join(dir, "home")
 	if err := os.MkdirAll(home, 0o755); err != nil {
@@ -523,7 +530,7 @@ func startLocal(t *testing.T, procs int, args ...string) *localCluster {
 		base := freeBase(t, procs, 0, 1000, 2000)
 		all := append([]string{"local", "--data-dir=" + dataDir, fmt.Sprint("--base-port=", base)}, args...)
 		c := &localCluster{dir: dir, home: home, dataDir: dataDir}
-		c.proc = startProc(t, "node local", home, dir, nil, all...)
+		c.proc = startProc(t, "node local", home, dir, env, all...)
 		if c.waitServing(t, 90*time.Second) {
 			return c
 		}
