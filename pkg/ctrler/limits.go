@@ -18,12 +18,21 @@ const (
 	// MaxTotalWeight bounds the sum of the weights of one config's groups
 	// (a weight of 0 counts as 1).
 	MaxTotalWeight = 4096
-	// MaxConfigBytes bounds one encoded config.
+	// MaxConfigBytes bounds one encoded config, and one request.
 	MaxConfigBytes = 1 << 20
+	// MaxReportBytes bounds one group report (soft state the leader keeps;
+	// one shard state per shard is about 20 bytes).
+	MaxReportBytes = 1 << 20
+	// maxStrayReports is how many reports of gids not in the latest config
+	// the leader keeps (groups about to join); past it the oldest goes.
+	maxStrayReports = 64
 )
 
 // checkRequest refuses what a request alone shows to be past the limits.
 func checkRequest(cmd *shardkvpb.ControllerCommand) error {
+	if n := proto.Size(cmd); n > MaxConfigBytes {
+		return refuse("request of %d bytes, over the %d-byte config limit", n, MaxConfigBytes)
+	}
 	switch op := cmd.GetOp().(type) {
 	case *shardkvpb.ControllerCommand_Join:
 		if n := len(op.Join.GetGroups()); n > MaxGroups {
@@ -35,9 +44,6 @@ func checkRequest(cmd *shardkvpb.ControllerCommand) error {
 		}
 		if w > MaxTotalWeight {
 			return refuse("join: total weight %d, over the limit of %d", w, MaxTotalWeight)
-		}
-		if n := proto.Size(op.Join); n > MaxConfigBytes {
-			return refuse("join: request of %d bytes, over the %d-byte config limit", n, MaxConfigBytes)
 		}
 	case *shardkvpb.ControllerCommand_Leave:
 		if n := len(op.Leave.GetGids()); n > MaxGroups {
