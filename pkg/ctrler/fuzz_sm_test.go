@@ -365,7 +365,11 @@ func (g *ctrlLogGen) log() []raftgroup.Entry {
 			req.ClientId, req.Seq = c, s
 			op.Op = &shardkvpb.ControllerCommand_Join{Join: req}
 		case 12: // many moves, committed together (one Ready holds up to 1 MiB)
-			for range 20 + g.intn(100) {
+			n := 20 + g.intn(100)
+			if g.shards > 1024 { // configs of up to 160 KB: 20 fill a transaction
+				n = 20 + g.intn(20)
+			}
+			for range n {
 				c, s := g.client()
 				ents = append(ents, g.entry(&shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Move{Move: &shardkvpb.MoveRequest{ClientId: c, Seq: s, Shard: g.shard(), Gid: g.gid()}}}))
 			}
