@@ -34,8 +34,8 @@ type initMeta struct {
 // Apply applies controller commands. Every replica computes the same
 // configs: placement is deterministic and nothing iterates a Go map.
 func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
-	txn := sm.store.DB().NewTransaction(true)
-	defer txn.Discard()
+	b := newBatch(sm.store.DB())
+	defer b.discard()
 	made := false
 	for i := range ents {
 		e := &ents[i]
@@ -47,17 +47,18 @@ func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
 			e.Result = Result{Err: refuse("undecodable command: %v", err)}
 			continue
 		}
-		res, newConf, err := sm.applyOne(txn, cmd, e.Time)
+		b.prev = e.Index - 1
+		res, newConf, err := sm.applyOne(b, cmd, e.Time)
+		if err == nil {
+			err = b.flush()
+		}
 		if err != nil {
 			return err // storage failure: fatal
 		}
 		made = made || newConf
 		e.Result = res
 	}
-	if err := raftgroup.StoreApplied(txn, keyApplied, ents[len(ents)-1].Index); err != nil {
-		return err
-	}
-	if err := txn.Commit(); err != nil {
+	if err := b.commit(ents[len(ents)-1].Index); err != nil {
 		return err
 	}
 	if made {
@@ -66,9 +67,9 @@ func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
 	return nil
 }
 
-func (sm *StateMachine) applyOne(txn *badger.Txn, cmd *shardkvpb.ControllerCommand, now time.Time) (Result, bool, error) {
+func (sm *StateMachine) applyOne(b *batch, cmd *shardkvpb.ControllerCommand, now time.Time) (Result, bool, error) {
 	if initOp := cmd.GetInit(); initOp != nil {
-		return sm.applyInit(txn, initOp)
+		return sm.applyInit(b, initOp)
 	}
 	sm.mu.Lock()
 	inited, nshards, strategy := sm.inited, sm.nshards, sm.strategy
@@ -77,7 +78,7 @@ func (sm *StateMachine) applyOne(txn *badger.Txn, cmd *shardkvpb.ControllerComma
 		return Result{Err: ErrNotInitialized}, false, nil
 	}
 	if compact := cmd.GetCompact(); compact != nil {
-		return Result{}, false, sm.applyCompact(txn, compact.GetBelow(), now)
+		return Result{}, false, sm.applyCompact(b, compact.GetBelow(), now)
 	}
 	// Exactly once: a retried request gets the first outcome back.
 	var client, seq uint64
@@ -86,7 +87,7 @@ func (sm *StateMachine) applyOne(txn *badger.Txn, cmd *shardkvpb.ControllerComma
 	}
 	var sess session
 	if client != 0 {
-		v, err := raftgroup.GetValue(txn, dedupKey(client))
+		v, err := raftgroup.GetValue(b.txn, dedupKey(client))
 		if err != nil {
 			return Result{}, false, err
 		}
@@ -98,7 +99,7 @@ func (sm *StateMachine) applyOne(txn *badger.Txn, cmd *shardkvpb.ControllerComma
 				if seq < sess.Seq {
 					return Result{Err: refuse("request %d of client %x is older than its latest (%d)", seq, client, sess.Seq)}, false, nil
 				}
-				c, err := getConfig(txn, sess.Num)
+				c, err := getConfig(b.txn, sess.Num)
 				if err != nil {
 					return Result{}, false, err
 				}
@@ -110,7 +111,7 @@ func (sm *StateMachine) applyOne(txn *badger.Txn, cmd *shardkvpb.ControllerComma
 			}
 		}
 	}
-	latest, err := getConfig(txn, sm.latestNum())
+	latest, err := getConfig(b.txn, sm.latestNum())
 	if err != nil {
 		return Result{}, false, err
 	}
@@ -118,7 +119,7 @@ func (sm *StateMachine) applyOne(txn *badger.Txn, cmd *shardkvpb.ControllerComma
 	res := Result{Config: latest, Err: refusal}
 	made := false
 	if refusal == nil && next != nil {
-		if err := sm.storeConfig(txn, next); err != nil {
+		if err := sm.storeConfig(b, next); err != nil {
 			return Result{}, false, err
 		}
 		res.Config, made = next, true
@@ -128,20 +129,18 @@ func (sm *StateMachine) applyOne(txn *badger.Txn, cmd *shardkvpb.ControllerComma
 		if refusal != nil {
 			sess.Err = refusal.Error()
 		}
-		b, _ := json.Marshal(sess)
-		if err := txn.Set(dedupKey(client), b); err != nil {
-			return Result{}, false, err
-		}
+		enc, _ := json.Marshal(sess)
+		b.set(dedupKey(client), enc)
 	}
 	return res, made, nil
 }
 
-func (sm *StateMachine) applyInit(txn *badger.Txn, cmd *shardkvpb.ControllerInit) (Result, bool, error) {
+func (sm *StateMachine) applyInit(b *batch, cmd *shardkvpb.ControllerInit) (Result, bool, error) {
 	sm.mu.Lock()
 	inited := sm.inited
 	sm.mu.Unlock()
 	if inited {
-		c, err := getConfig(txn, sm.latestNum())
+		c, err := getConfig(b.txn, sm.latestNum())
 		return Result{Config: c}, false, err
 	}
 	shards := int(cmd.GetShards())
@@ -153,33 +152,25 @@ func (sm *StateMachine) applyInit(txn *badger.Txn, cmd *shardkvpb.ControllerInit
 		return Result{Err: refuse("%v", err)}, false, nil
 	}
 	meta, _ := json.Marshal(initMeta{Shards: shards, Placement: string(st)})
-	if err := txn.Set(keyInit, meta); err != nil {
-		return Result{}, false, err
-	}
+	b.set(keyInit, meta)
 	c0 := &shardkvpb.Config{Num: 0, Shards: make([]uint64, shards), Placement: string(st)}
-	if err := txn.Set(keyOldest, u64(0)); err != nil {
-		return Result{}, false, err
-	}
+	b.set(keyOldest, u64(0))
 	sm.mu.Lock()
 	sm.nshards, sm.strategy, sm.inited = shards, st, true
 	sm.mu.Unlock()
-	if err := sm.storeConfig(txn, c0); err != nil {
+	if err := sm.storeConfig(b, c0); err != nil {
 		return Result{}, false, err
 	}
 	return Result{Config: c0}, true, nil
 }
 
-func (sm *StateMachine) storeConfig(txn *badger.Txn, c *shardkvpb.Config) error {
-	b, err := proto.Marshal(c)
+func (sm *StateMachine) storeConfig(b *batch, c *shardkvpb.Config) error {
+	enc, err := proto.Marshal(c)
 	if err != nil {
 		return err
 	}
-	if err := txn.Set(confKey(c.Num), b); err != nil {
-		return err
-	}
-	if err := txn.Set(keyLatest, u64(c.Num)); err != nil {
-		return err
-	}
+	b.set(confKey(c.Num), enc)
+	b.set(keyLatest, u64(c.Num))
 	sm.mu.Lock()
 	sm.latest = c.Num
 	sm.mu.Unlock()
@@ -187,41 +178,59 @@ func (sm *StateMachine) storeConfig(txn *badger.Txn, c *shardkvpb.Config) error 
 }
 
 // applyCompact drops configs below `below` (never the latest) and sessions
-// idle for longer than SessionTTL.
-func (sm *StateMachine) applyCompact(txn *badger.Txn, below uint64, now time.Time) error {
+// idle for longer than SessionTTL. It may drop more than one transaction
+// holds, so it writes in steps that each leave a consistent state (the
+// oldest config kept is stored with its deletes): a crash between two
+// steps leaves the entry to be applied again, which finishes the job.
+func (sm *StateMachine) applyCompact(b *batch, below uint64, now time.Time) error {
 	sm.mu.Lock()
 	oldest, latest := sm.oldest, sm.latest
 	sm.mu.Unlock()
 	below = min(below, latest)
-	for n := oldest; n < below; n++ {
-		if err := txn.Delete(confKey(n)); err != nil {
+	for oldest < below {
+		step := min(below, oldest+compactStep)
+		for n := oldest; n < step; n++ {
+			b.del(confKey(n))
+		}
+		b.set(keyOldest, u64(step))
+		if err := b.flush(); err != nil {
 			return err
 		}
-	}
-	if below > oldest {
-		if err := txn.Set(keyOldest, u64(below)); err != nil {
-			return err
-		}
+		oldest = step
 		sm.mu.Lock()
-		sm.oldest = below
+		sm.oldest = step
 		sm.mu.Unlock()
 	}
+	expired, err := expiredSessions(b.txn, now)
+	if err != nil {
+		return err
+	}
+	for i, k := range expired {
+		b.del(k)
+		if (i+1)%compactStep == 0 {
+			if err := b.flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// compactStep is how many deletes compaction writes per step.
+const compactStep = 1024
+
+func expiredSessions(txn *badger.Txn, now time.Time) ([][]byte, error) {
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefixDedup, PrefetchValues: true})
 	defer it.Close()
 	var expired [][]byte
 	for it.Rewind(); it.Valid(); it.Next() {
 		var s session
 		if err := it.Item().Value(func(v []byte) error { return json.Unmarshal(v, &s) }); err != nil {
-			return err
+			return nil, err
 		}
 		if now.Sub(time.Unix(0, s.TimeNS)) > SessionTTL {
 			expired = append(expired, it.Item().KeyCopy(nil))
 		}
 	}
-	for _, k := range expired {
-		if err := txn.Delete(k); err != nil {
-			return err
-		}
-	}
-	return nil
+	return expired, nil
 }

@@ -25,7 +25,7 @@ type ctrlCluster struct {
 	servers map[uint64]*ctrler.Server
 }
 
-func newCtrlCluster(t *testing.T, n, shards int, strategy string, cfg func(*raftgroup.Config)) *ctrlCluster {
+func newCtrlCluster(t testing.TB, n, shards int, strategy string, cfg func(*raftgroup.Config)) *ctrlCluster {
 	t.Helper()
 	cc := &ctrlCluster{servers: map[uint64]*ctrler.Server{}}
 	cc.Cluster = rgtest.NewCluster(t, n, rgtest.Options{

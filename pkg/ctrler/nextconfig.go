@@ -14,6 +14,9 @@ import (
 // the command changes nothing, and a refusal for bad input. It is a pure
 // function of its arguments: every replica computes the same config.
 func nextConfig(latest *shardkvpb.Config, nshards int, strategy placement.Strategy, cmd *shardkvpb.ControllerCommand) (*shardkvpb.Config, error) {
+	if err := checkRequest(cmd); err != nil {
+		return nil, err
+	}
 	next := proto.Clone(latest).(*shardkvpb.Config)
 	next.Num = latest.Num + 1
 	joining := map[uint64]bool{}
@@ -48,6 +51,9 @@ func nextConfig(latest *shardkvpb.Config, nshards int, strategy placement.Strate
 		}
 		if !changed {
 			return nil, nil
+		}
+		if err := checkGroups("join", next.Groups); err != nil {
+			return nil, err
 		}
 		slices.SortFunc(next.Groups, func(a, b *shardkvpb.Group) int { return cmp.Compare(a.Gid, b.Gid) })
 	case *shardkvpb.ControllerCommand_Leave:
@@ -108,6 +114,9 @@ func nextConfig(latest *shardkvpb.Config, nshards int, strategy placement.Strate
 		pins[p.Shard] = p.Gid
 	}
 	next.Shards = placement.Assign(strategy, latest.Shards, gs, pins)
+	if n := proto.Size(next); n > MaxConfigBytes {
+		return nil, refuse("the config would take %d bytes, over the %d limit", n, MaxConfigBytes)
+	}
 	return next, nil
 }
 

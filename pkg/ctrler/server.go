@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -105,6 +106,10 @@ func grpcErr(err error) error {
 }
 
 func (s *Server) mutate(ctx context.Context, cmd *shardkvpb.ControllerCommand) (*shardkvpb.ConfigReply, error) {
+	// Apply refuses these too; refusing first keeps them out of the log.
+	if err := checkRequest(cmd); err != nil {
+		return nil, grpcErr(err)
+	}
 	c, err := s.propose(ctx, cmd)
 	if err != nil {
 		return nil, grpcErr(err)
@@ -189,11 +194,42 @@ func (s *Server) Report(ctx context.Context, req *shardkvpb.GroupReport) (*shard
 	if req.Gid == 0 {
 		return nil, shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonInvalid, "report: gid 0", nil)
 	}
-	s.mu.Lock()
-	s.reports[req.Gid] = report{r: proto.Clone(req).(*shardkvpb.GroupReport), at: time.Now()}
-	s.mu.Unlock()
+	if n := proto.Size(req); n > MaxReportBytes {
+		return nil, shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonInvalid, fmt.Sprintf("report: %d bytes, over the limit of %d", n, MaxReportBytes), nil)
+	}
+	s.keepReport(req)
 	_, latest := s.sm.Bounds()
 	return &shardkvpb.ReportReply{LatestConfig: latest}, nil
+}
+
+// keepReport stores req. Reports of gids in the latest config are bounded
+// by MaxGroups; of others (groups about to join, or anyone's invention)
+// only maxStrayReports are kept, the most recent.
+func (s *Server) keepReport(req *shardkvpb.GroupReport) {
+	var member func(gid uint64) bool
+	if c, err := s.sm.Config(-1); err == nil {
+		member = func(gid uint64) bool {
+			return slices.ContainsFunc(c.Groups, func(g *shardkvpb.Group) bool { return g.Gid == gid })
+		}
+	} else {
+		member = func(uint64) bool { return false }
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reports[req.Gid] = report{r: proto.Clone(req).(*shardkvpb.GroupReport), at: time.Now()}
+	var stray []uint64
+	for gid := range s.reports {
+		if !member(gid) {
+			stray = append(stray, gid)
+		}
+	}
+	if len(stray) <= maxStrayReports {
+		return
+	}
+	slices.SortFunc(stray, func(a, b uint64) int { return s.reports[a].at.Compare(s.reports[b].at) })
+	for _, gid := range stray[:len(stray)-maxStrayReports] {
+		delete(s.reports, gid)
+	}
 }
 
 func (s *Server) Status(ctx context.Context, _ *shardkvpb.ClusterStatusRequest) (*shardkvpb.ClusterStatus, error) {

@@ -771,11 +771,9 @@ func procStatusKB(pid int, field string) uint64 {
 // space beyond what it uses, so that running out stops that process only,
 // as a container's memory limit would, not the machine.
 //
-// KNOWN BUG (open, see docs/limits.md "What was tried"): nothing bounds
-// the memory of a read: the group copies each named value (ReadKeys) and
-// the front end renders the whole reply before sending it, so the replica
-// runs out of memory and dies (node local restarts it), and this subtest
-// and the check after it fail.
+// Before a repeated key was read once and a read's reply bounded
+// (pkg/resp MaxReplyBytes), the replica ran out of memory and died here
+// (node local restarted it).
 func (h *hostile) mgetPastMemory(t *testing.T) {
 	ctx := tctx(t, 60*time.Second)
 	tag, _ := h.tagOn(1, "mget-mem")
@@ -821,13 +819,13 @@ func (h *hostile) mgetPastMemory(t *testing.T) {
 	vals, err := rc.MGet(ctx, keys...).Result()
 	t.Logf("MGET of %d copies: %d values, %v, after %v", reps, len(vals), err, time.Since(t0).Round(time.Millisecond))
 	if err != nil && (strings.Contains(err.Error(), "EOF") || strings.Contains(err.Error(), "reset") || strings.Contains(err.Error(), "i/o timeout")) {
-		t.Errorf("MGET of %d copies of a 2 MiB key: %v; want the reply or a clear error (KNOWN BUG: reads are not memory-bounded)", reps, err)
+		t.Errorf("MGET of %d copies of a 2 MiB key: %v; want the reply or a clear error", reps, err)
 	}
 	if err != nil {
 		waitGone(pid, 20*time.Second) // a replica out of memory may take a while to go
 	}
 	if processGone(pid) {
-		t.Errorf("%s (pid %d) died serving the MGET (KNOWN BUG: reads are not memory-bounded); its log ends:\n%s",
+		t.Errorf("%s (pid %d) died serving the MGET; its log ends:\n%s",
 			h.c.nameOf(follower), pid, crashHead(logOf(h.c, follower)))
 	}
 }

@@ -1,0 +1,405 @@
+package ctrler
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/protobuf/encoding/prototext"
+)
+
+// FuzzControllerStateMachine applies one random controller log (an init,
+// then client mutations of every kind with edge arguments, compactions,
+// repeated inits, JSON entries, garbage and empty entries) to two state
+// machines on real badger DBs with the engine's transaction limits, one
+// entry per Apply on the first and in random batches on the second. Apply
+// must never fail, both must give every entry the same result and end
+// with the same stored state, and every stored config must be well formed.
+func FuzzControllerStateMachine(f *testing.F) {
+	f.Add([]byte{0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11})
+	f.Add(bytes.Repeat([]byte{0x00, 0x01, 0x02, 0x11, 0x03}, 20))              // joins, leaves
+	f.Add(bytes.Repeat([]byte{0x02, 0x05, 0x09, 0x01}, 30))                    // moves, unpins
+	f.Add(append([]byte{0x01, 0x01}, bytes.Repeat([]byte{0x0b}, 40)...))       // consistent hash, big joins
+	f.Add(append([]byte{0x03, 0x00}, bytes.Repeat([]byte{0x0c, 0xff}, 20)...)) // many moves in one batch
+	f.Add([]byte{0x05, 0x02, 0x06, 0x07, 0x08, 0x04, 0x04, 0x04})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		g := &ctrlLogGen{in: data, now: time.Unix(1_800_000_000, 0)}
+		ents := g.log()
+		a, b := openFuzzSM(t), openFuzzSM(t)
+		ra := applyCtrlLog(t, a, ents, nil)
+		rb := applyCtrlLog(t, b, ents, g)
+		for i := range ra {
+			if ra[i] != rb[i] {
+				t.Fatalf("entry %d: results differ:\n%.2000s\n%.2000s", ents[i].Index, ra[i], rb[i])
+			}
+		}
+		da, db := ctrlState(t, a), ctrlState(t, b)
+		if da != db {
+			t.Fatalf("states differ after %d entries:\n%.2000s\n---\n%.2000s", len(ents), da, db)
+		}
+		checkHistory(t, a)
+	})
+}
+
+// openFuzzSM opens a controller state machine on a DB with raftgroup's
+// transaction and value limits (16 MiB memtables: 2.4 MiB per transaction).
+func openFuzzSM(t *testing.T) *StateMachine {
+	dir, err := os.MkdirTemp("/dev/shm", "fuzzctrl")
+	if err != nil {
+		dir = t.TempDir()
+	} else {
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	o := badger.DefaultOptions(dir).WithLogger(nil).WithMemTableSize(16 << 20).
+		WithValueThreshold(1 << 20).WithValueLogFileSize(64 << 20).WithNumMemtables(2).
+		WithBlockCacheSize(1 << 20).WithIndexCacheSize(1 << 20).WithNumCompactors(2).
+		WithDetectConflicts(false).WithSyncWrites(false)
+	db, err := badger.Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	sm := NewStateMachine()
+	if _, err := sm.Open(db); err != nil {
+		t.Fatal(err)
+	}
+	return sm
+}
+
+// applyCtrlLog applies copies of ents one per call, or in batches cut by g,
+// and returns each entry's result as text.
+func applyCtrlLog(t *testing.T, sm *StateMachine, ents []raftgroup.Entry, g *ctrlLogGen) []string {
+	t.Helper()
+	es := slices.Clone(ents)
+	for i := 0; i < len(es); {
+		n := 1
+		if g != nil {
+			n = 1 + g.intn(8)
+		}
+		n = min(n, len(es)-i)
+		if err := sm.Apply(es[i : i+n]); err != nil {
+			t.Fatalf("Apply [%d,%d]: %.500v", es[i].Index, es[i+n-1].Index, err)
+		}
+		i += n
+	}
+	out := make([]string, len(es))
+	for i, e := range es {
+		switch r := e.Result.(type) {
+		case nil:
+			out[i] = "<nil>"
+		case Result:
+			out[i] = fmt.Sprintf("%s err=%q", prototext.Format(r.Config), errString(r.Err))
+		default:
+			t.Fatalf("entry %d: result %T", e.Index, e.Result)
+		}
+	}
+	return out
+}
+
+// ctrlState is every stored key and value, and the in-memory view.
+func ctrlState(t *testing.T, sm *StateMachine) string {
+	var b strings.Builder
+	err := sm.store.DB().View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			v, err := it.Item().ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(&b, "%x=%x\n", it.Item().Key(), v)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	fmt.Fprintf(&b, "inited %v shards %d strategy %q oldest %d latest %d\n", sm.inited, sm.nshards, sm.strategy, sm.oldest, sm.latest)
+	return b.String()
+}
+
+// checkHistory checks every kept config: numbered in sequence, shards on
+// groups of that config (0 only when it has none), pins on its groups,
+// groups sorted by gid and unique.
+func checkHistory(t *testing.T, sm *StateMachine) {
+	t.Helper()
+	if !sm.Initialized() {
+		return
+	}
+	oldest, latest := sm.Bounds()
+	if oldest > latest {
+		t.Fatalf("oldest %d > latest %d", oldest, latest)
+	}
+	for n := oldest; n <= latest; n++ {
+		c, err := sm.Config(int64(n))
+		if err != nil {
+			t.Fatalf("config %d: %v", n, err)
+		}
+		if c.Num != n || len(c.Shards) != sm.Shards() {
+			t.Fatalf("config %d: num %d, %d shards (want %d)", n, c.Num, len(c.Shards), sm.Shards())
+		}
+		gids := map[uint64]bool{}
+		for i, g := range c.Groups {
+			if g.Gid == 0 || gids[g.Gid] || (i > 0 && c.Groups[i-1].Gid >= g.Gid) {
+				t.Fatalf("config %d: groups not unique, sorted, non-zero: %v", n, c.Groups)
+			}
+			gids[g.Gid] = true
+		}
+		for s, gid := range c.Shards {
+			if (len(c.Groups) == 0) != (gid == 0) || (gid != 0 && !gids[gid]) {
+				t.Fatalf("config %d: shard %d on gid %d; groups %v", n, s, gid, slices.Collect(mapKeys(gids)))
+			}
+		}
+		for _, p := range c.Pins {
+			if !gids[p.Gid] || int(p.Shard) >= len(c.Shards) || c.Shards[p.Shard] != p.Gid {
+				t.Fatalf("config %d: pin %v not honoured", n, p)
+			}
+		}
+	}
+}
+
+func mapKeys(m map[uint64]bool) func(func(uint64) bool) {
+	return func(yield func(uint64) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// ctrlLogGen turns fuzz bytes into a controller log; past the input it
+// reads zeros.
+type ctrlLogGen struct {
+	in     []byte
+	now    time.Time
+	index  uint64
+	seq    [4]uint64
+	shards int
+}
+
+func (g *ctrlLogGen) byte() byte {
+	if len(g.in) == 0 {
+		return 0
+	}
+	c := g.in[0]
+	g.in = g.in[1:]
+	return c
+}
+
+func (g *ctrlLogGen) intn(n int) int { return int(g.byte()) % n }
+
+// gid is mostly one of a few small gids, sometimes an edge value.
+func (g *ctrlLogGen) gid() uint64 {
+	switch c := g.byte(); {
+	case c < 200:
+		return uint64(c%8) + 1
+	case c < 220:
+		return 0
+	case c < 240:
+		return math.MaxUint64 - uint64(c%4)
+	default:
+		return uint64(c) << 40
+	}
+}
+
+func (g *ctrlLogGen) shard() uint32 {
+	switch c := g.byte(); {
+	case c < 230:
+		return uint32(int(c) % (g.shards + 2))
+	case c < 245:
+		return math.MaxUint32
+	default:
+		return 16384
+	}
+}
+
+func (g *ctrlLogGen) weight() uint32 {
+	switch c := g.byte(); {
+	case c < 200:
+		return uint32(c % 4)
+	case c < 230:
+		return uint32(c) * 64
+	default:
+		return math.MaxUint32 - uint32(c%2)
+	}
+}
+
+func (g *ctrlLogGen) group() *shardkvpb.Group {
+	grp := &shardkvpb.Group{Gid: g.gid(), Weight: g.weight()}
+	for range g.intn(4) {
+		s := &shardkvpb.Server{Id: uint64(g.intn(4)), Addr: []string{"a:1", "", "b:2", "c:3"}[g.intn(4)]}
+		if g.intn(8) == 0 {
+			s.Addr = strings.Repeat("x", 1<<uint(g.intn(17)))
+		}
+		grp.Servers = append(grp.Servers, s)
+	}
+	return grp
+}
+
+// bigJoin is a join of n groups, each of servers with long addresses:
+// configs near and past any size limit.
+func (g *ctrlLogGen) bigJoin(base uint64, n, servers, addr int) *shardkvpb.JoinRequest {
+	req := &shardkvpb.JoinRequest{}
+	for i := range n {
+		grp := &shardkvpb.Group{Gid: base + uint64(i), Weight: 1}
+		for j := range servers {
+			grp.Servers = append(grp.Servers, &shardkvpb.Server{Id: uint64(j + 1), Addr: fmt.Sprintf("%0*d", addr, i)})
+		}
+		req.Groups = append(req.Groups, grp)
+	}
+	return req
+}
+
+// client picks a client (0: none) and a sequence number: usually the next,
+// sometimes a retry or an older one.
+func (g *ctrlLogGen) client() (uint64, uint64) {
+	c := g.intn(4)
+	if c == 0 {
+		return 0, 0
+	}
+	switch g.intn(8) {
+	case 0: // retry
+	case 1:
+		return uint64(c), g.seq[c] / 2
+	default:
+		g.seq[c]++
+	}
+	return uint64(c), g.seq[c]
+}
+
+func (g *ctrlLogGen) entry(cmd *shardkvpb.ControllerCommand) raftgroup.Entry {
+	b, err := encodeCommand(cmd)
+	if err != nil {
+		panic(err)
+	}
+	return g.raw(b)
+}
+
+func (g *ctrlLogGen) raw(b []byte) raftgroup.Entry {
+	g.index++
+	// Log time moves forward, mostly by seconds, sometimes by days (session
+	// expiry), sometimes back (a new leader's clock).
+	switch g.intn(16) {
+	case 0:
+		g.now = g.now.Add(25 * time.Hour)
+	case 1:
+		g.now = g.now.Add(-time.Minute)
+	default:
+		g.now = g.now.Add(time.Second)
+	}
+	return raftgroup.Entry{Index: g.index, Term: 1, Time: g.now, Cmd: b}
+}
+
+func (g *ctrlLogGen) init() *shardkvpb.ControllerCommand {
+	shards := []uint32{4, 16, 1, 3, 0, 16384, 1 << 20, 64}[g.intn(8)]
+	placement := []string{"balanced", "consistent-hash", "", "frobnicate"}[g.intn(4)]
+	return &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Init{Init: &shardkvpb.ControllerInit{Shards: shards, Placement: placement}}}
+}
+
+func (g *ctrlLogGen) log() []raftgroup.Entry {
+	var ents []raftgroup.Entry
+	first := g.init()
+	g.shards = int(first.GetInit().GetShards())
+	if g.shards > 16384 {
+		g.shards = 4
+	}
+	ents = append(ents, g.entry(first))
+	for n := 0; len(g.in) > 0 && n < 40 && len(ents) < maxFuzzEntries; n++ {
+		op := &shardkvpb.ControllerCommand{}
+		switch g.intn(16) {
+		case 0, 1, 2:
+			c, s := g.client()
+			req := &shardkvpb.JoinRequest{ClientId: c, Seq: s}
+			for range g.intn(4) {
+				req.Groups = append(req.Groups, g.group())
+			}
+			op.Op = &shardkvpb.ControllerCommand_Join{Join: req}
+		case 3, 4:
+			c, s := g.client()
+			req := &shardkvpb.LeaveRequest{ClientId: c, Seq: s}
+			for range g.intn(4) {
+				req.Gids = append(req.Gids, g.gid())
+			}
+			op.Op = &shardkvpb.ControllerCommand_Leave{Leave: req}
+		case 5, 6:
+			c, s := g.client()
+			op.Op = &shardkvpb.ControllerCommand_Move{Move: &shardkvpb.MoveRequest{ClientId: c, Seq: s, Shard: g.shard(), Gid: g.gid()}}
+		case 7:
+			c, s := g.client()
+			op.Op = &shardkvpb.ControllerCommand_Unpin{Unpin: &shardkvpb.UnpinRequest{ClientId: c, Seq: s, Shard: g.shard()}}
+		case 8:
+			below := uint64(g.intn(64))
+			if g.intn(8) == 0 {
+				below = math.MaxUint64
+			}
+			op.Op = &shardkvpb.ControllerCommand_Compact{Compact: &shardkvpb.ControllerCompact{Below: below}}
+		case 9:
+			op = g.init()
+		case 10: // garbage, or an empty entry
+			if g.intn(2) == 0 {
+				ents = append(ents, raftgroup.Entry{Index: g.index + 1})
+				g.index++
+			} else {
+				ents = append(ents, g.raw(g.take(g.intn(32))))
+			}
+			continue
+		case 11: // a join of many groups or long addresses
+			c, s := g.client()
+			req := []*shardkvpb.JoinRequest{
+				g.bigJoin(100, 64, 3, 20),
+				g.bigJoin(1000, 2000, 3, 40),
+				g.bigJoin(10000, 300, 7, 1000),
+				g.bigJoin(20000, 5000, 1, 8),
+			}[g.intn(4)]
+			req.ClientId, req.Seq = c, s
+			op.Op = &shardkvpb.ControllerCommand_Join{Join: req}
+		case 12: // many moves, committed together (one Ready holds up to 1 MiB)
+			n := 20 + g.intn(100)
+			if g.shards > 1024 { // configs of up to 160 KB: 20 fill a transaction
+				n = 20 + g.intn(20)
+			}
+			for range n {
+				c, s := g.client()
+				ents = append(ents, g.entry(&shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Move{Move: &shardkvpb.MoveRequest{ClientId: c, Seq: s, Shard: g.shard(), Gid: g.gid()}}}))
+			}
+			continue
+		case 13: // a JSON entry of earlier controllers
+			e := jsonEntries[g.intn(len(jsonEntries))]
+			ents = append(ents, g.raw([]byte(e.json)))
+			continue
+		case 14: // a command without an operation, or an unknown field
+			ents = append(ents, g.raw([]byte{0x08 | byte(g.intn(2))<<6, 0x01}))
+			continue
+		default: // many clients: sessions to expire
+			for range 10 + g.intn(100) {
+				ents = append(ents, g.entry(&shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Unpin{Unpin: &shardkvpb.UnpinRequest{ClientId: uint64(1000 + g.index), Seq: 1, Shard: 0}}}))
+			}
+			continue
+		}
+		ents = append(ents, g.entry(op))
+	}
+	return ents
+}
+
+// maxFuzzEntries bounds one input's log: a mutation stores a whole config
+// (up to 160 KB at 16384 shards), and both state machines are compared in
+// full at the end.
+const maxFuzzEntries = 300
+
+func (g *ctrlLogGen) take(n int) []byte {
+	n = min(n, len(g.in))
+	b := slices.Clone(g.in[:n])
+	g.in = g.in[n:]
+	return b
+}
