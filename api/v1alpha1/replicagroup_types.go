@@ -146,4 +146,3 @@ type ReplicaGroupList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []ReplicaGroup `json:"items"`
 }
-

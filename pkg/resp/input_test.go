@@ -135,8 +135,7 @@ func (e *inputEnv) testPanic(t *testing.T) {
 	h := &hookBackend{Backend: e.g}
 	h.setRead(func(_ context.Context, keys [][]byte, _ bool) ([]shardkv.ValueEntry, error) {
 		if string(keys[0]) == "boom" {
-			var m map[string]int
-			m["x"] = 1 // a nil-map write: a runtime panic
+			panic("a bug in a command")
 		}
 		return e.g.ReadKeys(context.Background(), keys, false)
 	})
@@ -158,7 +157,7 @@ func (e *inputEnv) testPanic(t *testing.T) {
 	}
 	// One short line, naming the place, not the request.
 	line := logs.String()
-	if !strings.Contains(line, "panic serving a client") || !strings.Contains(line, "assignment to entry in nil map") ||
+	if !strings.Contains(line, "panic serving a client") || !strings.Contains(line, "a bug in a command") ||
 		strings.Count(line, "\n") != 1 || len(line) > 1000 || strings.Contains(line, "boom") {
 		t.Errorf("panic log: %q", line)
 	}
