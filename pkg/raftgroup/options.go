@@ -8,6 +8,15 @@ import (
 	"github.com/dgraph-io/badger/v4"
 )
 
+// StorageOptions are the badger options a replica opens its DB with
+// (logging discarded): for a state machine tested on its own DB, so that
+// it meets the same transaction and value limits as in a replica.
+func StorageOptions(dir string) badger.Options {
+	o := badgerOptions(dir, slog.New(slog.DiscardHandler))
+	o.Logger = nil
+	return o
+}
+
 // badgerOptions sizes badger for a machine that hosts 10 to 20 replicas: the
 // defaults (64 MiB memtables x5, 256 MiB block cache, 1 GiB value-log files,
 // 4 compactors) are made for one big DB per machine. Numbers are in

@@ -59,10 +59,7 @@ func openFuzzSM(t *testing.T) *StateMachine {
 	} else {
 		t.Cleanup(func() { os.RemoveAll(dir) })
 	}
-	o := badger.DefaultOptions(dir).WithLogger(nil).WithMemTableSize(16 << 20).
-		WithValueThreshold(1 << 20).WithValueLogFileSize(64 << 20).WithNumMemtables(2).
-		WithBlockCacheSize(1 << 20).WithIndexCacheSize(1 << 20).WithNumCompactors(2).
-		WithDetectConflicts(false).WithSyncWrites(false)
+	o := raftgroup.StorageOptions(dir)
 	db, err := badger.Open(o)
 	if err != nil {
 		t.Fatal(err)
