@@ -12,6 +12,7 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/raftgroup/rgtest"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/protobuf/encoding/prototext"
 )
@@ -104,21 +105,11 @@ func applyCtrlLog(t *testing.T, sm *StateMachine, ents []raftgroup.Entry, g *ctr
 // ctrlState is every stored key and value, and the in-memory view.
 func ctrlState(t *testing.T, sm *StateMachine) string {
 	var b strings.Builder
-	err := sm.store.DB().View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			v, err := it.Item().ValueCopy(nil)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(&b, "%x=%x\n", it.Item().Key(), v)
-		}
-		return nil
-	})
+	stored, err := rgtest.DumpDB(sm.store.DB())
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.WriteString(stored)
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
 	fmt.Fprintf(&b, "inited %v shards %d strategy %q oldest %d latest %d\n", sm.inited, sm.nshards, sm.strategy, sm.oldest, sm.latest)

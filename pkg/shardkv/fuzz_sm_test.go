@@ -12,6 +12,7 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/raftgroup/rgtest"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
@@ -113,21 +114,11 @@ func resultText(r any) string {
 // dumpState is every stored key and value, and the in-memory view.
 func dumpState(t *testing.T, sm *StateMachine) string {
 	var b strings.Builder
-	err := sm.store.DB().View(func(txn *badger.Txn) error {
-		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: false})
-		defer it.Close()
-		for it.Rewind(); it.Valid(); it.Next() {
-			v, err := it.Item().ValueCopy(nil)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(&b, "%x=%x\n", it.Item().Key(), v)
-		}
-		return nil
-	})
+	stored, err := rgtest.DumpDB(sm.store.DB())
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.WriteString(stored)
 	sm.mu.RLock()
 	defer sm.mu.RUnlock()
 	shards := make([]int, 0, len(sm.shards))

@@ -1,6 +1,9 @@
 package rgtest
 
 import (
+	"fmt"
+	"strings"
+
 	"github.com/dgraph-io/badger/v4"
 )
 
@@ -22,4 +25,23 @@ func (kv *KV) Dump() (map[string]string, error) {
 		return nil
 	})
 	return out, err
+}
+
+// DumpDB renders every key and value of db, in key order, one "key=value"
+// line each (hex): for comparing two state machines' whole stored state.
+func DumpDB(db *badger.DB) (string, error) {
+	var b strings.Builder
+	err := db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			v, err := it.Item().ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(&b, "%x=%x\n", it.Item().Key(), v)
+		}
+		return nil
+	})
+	return b.String(), err
 }
