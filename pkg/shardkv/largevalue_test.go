@@ -57,20 +57,26 @@ func lvMove(t *testing.T, w *kvtest.World, s int, gid uint64, limit time.Duratio
 // APPENDs (each piece within every limit, as in the issue) and moves its
 // shard: the move completes within a bound, the value is intact at the new
 // owner and the old copy is deleted.
-func TestMoveShardWithLargeValue(t *testing.T) {
-	w := kvtest.New(t, kvtest.Options{Shards: 8})
+// twoGroups starts groups 100 and 101 and returns, once settled, the shard
+// of key, its owner and the other group.
+func twoGroups(w *kvtest.World, key string) (shard int, from, to uint64) {
 	w.StartGroup(100)
 	w.StartGroup(101)
 	w.Join(100, 101)
 	conf := w.WaitSettled(20 * time.Second)
-	c := w.Client()
-	const key = "big-append"
-	s := routing.ShardOf([]byte(key), len(conf.Shards))
-	from := conf.Shards[s]
-	to := uint64(100)
+	shard = routing.ShardOf([]byte(key), len(conf.Shards))
+	from, to = conf.Shards[shard], 100
 	if from == 100 {
 		to = 101
 	}
+	return shard, from, to
+}
+
+func TestMoveShardWithLargeValue(t *testing.T) {
+	w := kvtest.New(t, kvtest.Options{Shards: 8})
+	const key = "big-append"
+	s, _, to := twoGroups(w, key)
+	c := w.Client()
 	want := ""
 	for i := range 6 {
 		piece := lvPattern(fmt.Sprintf("p%d", i), 512<<10)
@@ -82,7 +88,7 @@ func TestMoveShardWithLargeValue(t *testing.T) {
 		}
 		want += piece
 	}
-	conf = lvMove(t, w, s, to, 30*time.Second)
+	conf := lvMove(t, w, s, to, 30*time.Second)
 	if conf.Shards[s] != to {
 		t.Fatalf("shard %d owned by %d after the move, want %d", s, conf.Shards[s], to)
 	}
@@ -103,18 +109,9 @@ func TestLargeValueSnapshotAndMove(t *testing.T) {
 	w := kvtest.New(t, kvtest.Options{Shards: 8, RaftConfig: func(c *raftgroup.Config) {
 		c.SnapshotEntries, c.TrailingEntries = 40, 5
 	}})
-	w.StartGroup(100)
-	w.StartGroup(101)
-	w.Join(100, 101)
-	conf := w.WaitSettled(20 * time.Second)
-	c := w.Client()
 	const key = "big-8mib"
-	s := routing.ShardOf([]byte(key), len(conf.Shards))
-	from := conf.Shards[s]
-	to := uint64(100)
-	if from == 100 {
-		to = 101
-	}
+	s, from, to := twoGroups(w, key)
+	c := w.Client()
 	g := w.Groups[from]
 	leader := g.WaitLeader(10 * time.Second)
 	var follower uint64
@@ -164,7 +161,7 @@ func TestLargeValueSnapshotAndMove(t *testing.T) {
 		t.Fatalf("follower caught up without a snapshot; the test did not exercise snapshots")
 	}
 
-	conf = lvMove(t, w, s, to, 60*time.Second)
+	conf := lvMove(t, w, s, to, 60*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	got, ok, err := c.Get(ctx, key)
