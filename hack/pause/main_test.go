@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestMain lets the tests run this binary as the pause program.
@@ -61,13 +63,17 @@ func TestReap(t *testing.T) {
 		}
 		pids = append(pids, p.Pid)
 	}
-	// Wait until they are all zombies, then reap them in one go, as after
-	// coalesced SIGCHLDs.
+	// Wait until they can all be reaped, then reap them in one go, as after
+	// coalesced SIGCHLDs. "Z" in /proc is not enough: a multi-threaded
+	// child's leader shows Z while its other threads are still exiting, and
+	// wait4 skips it until they are gone (CI once saw reap leave such a
+	// child). waitid with WNOWAIT asks exactly "is it reapable?" without
+	// reaping it.
 	for _, pid := range pids {
 		deadline := time.Now().Add(5 * time.Second)
-		for procState(pid) != "Z" {
+		for !reapable(t, pid) {
 			if time.Now().After(deadline) {
-				t.Fatalf("pid %d: state %q, never a zombie", pid, procState(pid))
+				t.Fatalf("pid %d: state %q, never reapable", pid, procState(pid))
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -79,6 +85,22 @@ func TestReap(t *testing.T) {
 		}
 	}
 	reap() // no children: returns at once
+}
+
+// reapable reports whether child pid has exited and can be waited for,
+// leaving it a zombie.
+func reapable(t *testing.T, pid int) bool {
+	t.Helper()
+	var info unix.Siginfo
+	err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+	if errors.Is(err, syscall.EINTR) {
+		return false
+	}
+	if err != nil {
+		t.Fatalf("waitid %d: %v", pid, err)
+	}
+	// With WNOHANG, waitid leaves info zeroed when no child was waitable.
+	return info.Signo == int32(syscall.SIGCHLD)
 }
 
 // procState is the state letter of /proc/PID/stat, "" if there is none.
