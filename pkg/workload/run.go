@@ -16,7 +16,8 @@ import (
 type RunOptions struct {
 	// Listen is the HTTP API's address ("": none).
 	Listen string
-	// Duration stops the clients after this long (0: when ctx ends);
+	// Duration stops the clients this long after they started, that is
+	// after the warm-up (0: when ctx ends);
 	// without Check, the history is then served until ctx ends.
 	Duration time.Duration
 	// Check checks the history once the clients stopped.
@@ -50,14 +51,20 @@ func Run(ctx context.Context, cfg Config, opts RunOptions, log io.Writer) (*kvch
 		cfg.OpTimeout, rateString(cfg.Rate), proto)
 
 	w.Start()
+	// The duration counts from the end of the warm-up, which can take long
+	// on a cluster that is still starting or recovering: a run of D is D of
+	// client operations, however long the cluster took to answer first.
+	running := w.Running()
 	var timer <-chan time.Time
-	if opts.Duration > 0 {
-		t := time.NewTimer(opts.Duration)
-		defer t.Stop()
-		timer = t.C
-	}
 	for {
 		select {
+		case <-running:
+			running = nil
+			if opts.Duration > 0 {
+				t := time.NewTimer(opts.Duration)
+				defer t.Stop()
+				timer = t.C
+			}
 		case err := <-w.Failed():
 			return nil, err
 		case <-ctx.Done():

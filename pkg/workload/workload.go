@@ -73,6 +73,7 @@ type Workload struct {
 
 	startOnce   sync.Once
 	stopOnce    sync.Once
+	running     chan struct{} // closed when the warm-up is done and the clients start
 	clientsDone chan struct{} // closed when every client has returned
 	stopped     chan struct{} // closed when the history is ready
 	failed      chan error    // the workload cannot run (buffered, one error)
@@ -94,7 +95,7 @@ type okSample struct {
 // New returns a workload of cfg, not started, that logs to log.
 func New(cfg Config, log io.Writer) (*Workload, error) {
 	w := &Workload{cfg: cfg, log: log, progressEvery: progressEvery, phase: PhaseStarting,
-		clientsDone: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1)}
+		running: make(chan struct{}), clientsDone: make(chan struct{}), stopped: make(chan struct{}), failed: make(chan error, 1)}
 	for i := range cfg.Keys {
 		w.keys = append(w.keys, fmt.Sprintf("wl-%s-%d", cfg.Prefix, i))
 	}
@@ -126,6 +127,9 @@ func (w *Workload) logf(format string, a ...any) {
 	fmt.Fprintf(w.log, "%s workload: %s\n", time.Now().UTC().Format("15:04:05"), fmt.Sprintf(format, a...))
 }
 
+// Running is closed when the warm-up is done and the clients start.
+func (w *Workload) Running() <-chan struct{} { return w.running }
+
 // Failed delivers the error that keeps the workload from running (the
 // warm-up found a key with a value, or the password was refused).
 func (w *Workload) Failed() <-chan error { return w.failed }
@@ -155,6 +159,7 @@ func (w *Workload) run() {
 	}
 	w.phase = PhaseRunning
 	w.warmErr = ""
+	close(w.running)
 	w.mu.Unlock()
 	w.logf("running: %d clients on %d keys %s..%s", len(w.cls), len(w.keys), w.keys[0], w.keys[len(w.keys)-1])
 	var wg sync.WaitGroup
