@@ -44,6 +44,7 @@ type Options struct {
 	RESPMaxRequestBytes int
 	RESPMaxBulkBytes    int
 	RESPInputBudget     int64
+	RESPOutputBudget    int64
 	RESPTimeout         time.Duration
 	RESPWriteTimeout    time.Duration
 	MaxValueBytes       int
@@ -103,6 +104,7 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 	fs.IntVar(&o.RESPMaxRequestBytes, "resp-max-request-bytes", 0, "largest Redis request (one command with its arguments), and so what one connection buffers (0: 16 MiB, or one --resp-max-bulk-bytes bulk if larger); a larger one gets a protocol error at its header and the connection is closed")
 	fs.IntVar(&o.RESPMaxBulkBytes, "resp-max-bulk-bytes", 0, "largest Redis argument, Redis's proto-max-bulk-len (0: twice --max-value-bytes, at least 1 MiB); a longer one gets 'invalid bulk length' at its header and the connection is closed")
 	fs.Int64Var(&o.RESPInputBudget, "resp-input-budget-bytes", 0, "input all Redis connections may hold at once (0: 256 MiB, at least 4 requests); a connection needing more gets an error and is closed")
+	fs.Int64Var(&o.RESPOutputBudget, "resp-output-budget-bytes", 0, "output all Redis connections may hold at once: values read for replies and replies not yet written (0: 1 GiB); a read needing more gets an error, nothing else changes")
 	fs.DurationVar(&o.RESPTimeout, "resp-timeout", 0, "close a Redis client idle this long, Redis's timeout (0: never)")
 	fs.DurationVar(&o.RESPWriteTimeout, "resp-write-timeout", 2*time.Second, "how long a Redis write waits for its Raft entry to apply before answering 'outcome unknown' (keep it below clients' read timeouts: go-redis's default is 3s)")
 	fs.IntVar(&o.MaxValueBytes, "max-value-bytes", shardkv.DefaultMaxValueBytes, fmt.Sprintf("largest value a write may carry (one value travels in one Raft entry, whose limit follows from it; at most %d)", shardkv.MaxValueBytesLimit))
@@ -272,6 +274,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("--resp-max-bulk-bytes=%d: want 0 or >= 1024", o.RESPMaxBulkBytes)
 	case o.RESPInputBudget != 0 && o.RESPInputBudget < 1<<20:
 		return fmt.Errorf("--resp-input-budget-bytes=%d: want 0 or >= 1 MiB", o.RESPInputBudget)
+	case o.RESPOutputBudget != 0 && o.RESPOutputBudget < 16<<20:
+		return fmt.Errorf("--resp-output-budget-bytes=%d: want 0 or >= 16 MiB", o.RESPOutputBudget)
 	case o.RESPTimeout < 0:
 		return fmt.Errorf("--resp-timeout=%v: want >= 0", o.RESPTimeout)
 	case o.RESPWriteTimeout < 100*time.Millisecond:

@@ -331,7 +331,7 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 				return nil, fmt.Errorf("--resp: %w", err)
 			}
 			n.resp = resp.New(resp.Config{Advertise: o.RESPAdvertise, Password: o.RequirePass, MaxClients: o.RESPMaxClients, MaxRequestBytes: o.RESPMaxRequestBytes,
-				MaxBulkBytes: o.RESPMaxBulkBytes, InputBudgetBytes: o.RESPInputBudget, IdleTimeout: o.RESPTimeout,
+				MaxBulkBytes: o.RESPMaxBulkBytes, InputBudgetBytes: o.RESPInputBudget, OutputBudgetBytes: o.RESPOutputBudget, IdleTimeout: o.RESPTimeout,
 				MaxValueBytes: o.MaxValueBytes, WriteTimeout: o.RESPWriteTimeout, Logger: log.With("api", "resp")}, n.group)
 			go n.resp.Serve(rl)
 			// Closed first on shutdown (n.stop runs in reverse).

@@ -315,15 +315,21 @@ func (h *hookBackend) WriteBatch(ctx context.Context, ops []*shardkvpb.WriteOp) 
 	return h.Backend.WriteBatch(ctx, ops)
 }
 
-func (h *hookBackend) ReadKeys(ctx context.Context, keys [][]byte, follower bool) ([]shardkv.ValueEntry, error) {
+func (h *hookBackend) ReadKeys(ctx context.Context, keys [][]byte, follower bool, reserve func(int) bool) ([]shardkv.ValueEntry, error) {
 	h.reads.Add(1)
 	h.mu.Lock()
 	f := h.read
 	h.mu.Unlock()
-	if f != nil {
-		return f(ctx, keys, follower)
+	if f == nil {
+		return h.Backend.ReadKeys(ctx, keys, follower, reserve)
 	}
-	return h.Backend.ReadKeys(ctx, keys, follower)
+	vals, err := f(ctx, keys, follower)
+	for i, v := range vals {
+		if err == nil && reserve != nil && !reserve(len(v.Value)) {
+			return vals[:i], shardkv.ErrReadLimit
+		}
+	}
+	return vals, err
 }
 
 // testOutcomes: the reply to each backend answer. A refusal (not executed)

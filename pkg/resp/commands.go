@@ -192,7 +192,7 @@ func (c *conn) execute() {
 		}
 		if done {
 			if end != nil {
-				c.out.put(end)
+				c.out.put(end, 0)
 			}
 			return
 		}
@@ -203,6 +203,7 @@ func (c *conn) execute() {
 // each round of the pipeline completes.
 func (c *conn) run(cmds []queued) {
 	p := &pipeline{c: c}
+	defer p.release()
 	for _, cmd := range cmds {
 		if c.quit || c.out.broken() {
 			break // QUIT: Redis ignores what follows; a gone client: stop

@@ -137,7 +137,7 @@ func (e *inputEnv) testPanic(t *testing.T) {
 		if string(keys[0]) == "boom" {
 			panic("a bug in a command")
 		}
-		return e.g.ReadKeys(context.Background(), keys, false)
+		return e.g.ReadKeys(context.Background(), keys, false, nil)
 	})
 	s, addr := extraServer(t, resp.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, h)
 	by := dial(t, addr)

@@ -21,28 +21,53 @@ type outbox struct {
 	closed  bool   // no more replies: the writer exits once buf is written
 	failed  bool   // a write failed (or timed out): replies are dropped
 	max     int
+	// budget is the server's output budget; held is what this outbox has
+	// charged to it: the bytes of buf and of the batch being written.
+	budget *memBudget
+	held   int64
 }
 
-func newOutbox(max int) *outbox {
-	o := &outbox{max: max}
+func newOutbox(max int, budget *memBudget) *outbox {
+	o := &outbox{max: max, budget: budget}
 	o.cond = sync.NewCond(&o.mu)
 	return o
 }
 
-// put appends replies, first waiting while the buffer is full. It reports
-// false once the connection can take no more replies.
-func (o *outbox) put(b []byte) bool {
+// put appends replies, first waiting while the buffer is full, or while
+// the server's output budget is spent and this connection already has
+// replies waiting (its own writer frees them, or fails and drops them, so
+// the wait ends; a connection with none may always add one). reserved is
+// what the caller already charged to the budget for b (values read for
+// it): it becomes part of what the outbox holds. It reports false once
+// the connection can take no more replies; reserved is then given back.
+func (o *outbox) put(b []byte, reserved int64) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for len(o.buf) >= o.max && !o.failed {
+	for (len(o.buf) >= o.max || (len(o.buf) > 0 && o.budget.full())) && !o.failed {
 		o.cond.Wait()
 	}
 	if o.failed {
+		o.budget.give(reserved)
 		return false
 	}
+	if n := int64(len(b)); n > reserved {
+		o.budget.force(n - reserved)
+	} else {
+		o.budget.give(reserved - n)
+	}
+	o.held += int64(len(b))
 	o.buf = append(o.buf, b...)
 	o.cond.Broadcast()
 	return true
+}
+
+// drop gives back everything the outbox holds: its replies will never be
+// written. Called with o.mu held.
+func (o *outbox) drop() {
+	o.failed, o.buf = true, nil
+	o.budget.give(o.held)
+	o.held = 0
+	o.cond.Broadcast()
 }
 
 // idle reports whether every reply put so far has been written.
@@ -75,6 +100,14 @@ func (o *outbox) close() {
 func (c *conn) writeLoop() {
 	defer c.nc.Close()
 	o := c.out
+	defer func() {
+		// However the writer ends (a panic too), nothing stays charged.
+		o.mu.Lock()
+		if o.held != 0 {
+			o.drop()
+		}
+		o.mu.Unlock()
+	}()
 	var spare []byte
 	o.mu.Lock()
 	for {
@@ -95,16 +128,18 @@ func (c *conn) writeLoop() {
 
 		o.mu.Lock()
 		o.writing = false
+		o.held -= int64(len(b))
+		o.budget.give(int64(len(b)))
 		if cap(b) <= 2*o.max {
 			spare = b // keep one buffer, unless a huge reply grew it
 		} else {
 			spare = nil
 		}
 		if err != nil {
-			o.failed, o.buf = true, nil
-			o.cond.Broadcast()
+			o.drop()
 			o.mu.Unlock()
 			return
 		}
+		o.cond.Broadcast() // a put waiting for the budget may go on
 	}
 }

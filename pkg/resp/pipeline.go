@@ -55,6 +55,10 @@ type item struct {
 	out      []byte
 	slot     int
 	deadline time.Time // when the reply is due (the command's)
+	// charge is what was reserved in the server's output budget for this
+	// item's reply, and for replies before it (values read or returned for
+	// them): handed to the outbox with the reply (see emit).
+	charge int64
 
 	// A keyed read: keys of slot, rendered by onRead.
 	keys     [][]byte
@@ -93,6 +97,10 @@ type pipeline struct {
 	nops     int
 	nbytes   int
 	nwritten int
+	// nreturn: the values the batch's ops may return (reads made in the
+	// log, GETSET and the like), as estimated by returned; it is also
+	// reserved in the output budget, and charged to the batch's last item.
+	nreturn int
 	// wkeys: the batch's estimate per key written (see written): the
 	// backend buffers a batch's writes with the last write of each key
 	// winning, so a key costs once whatever the number of its ops.
@@ -112,11 +120,18 @@ func (p *pipeline) reply(b []byte) { p.add(&item{out: b}) }
 // see) it is made inside the write batch, at its place in the log, rather
 // than in a ReadIndex round after it; reads of a READONLY connection (a
 // follower's) and reads of expiry times still wait for the batch.
+//
+// A read joins the batch only while the values the batch may return stay
+// within MaxReplyBytes and the output budget (see reserveReturn): every
+// replica holds them until the batch is applied, and a thousand reads of
+// one 8 MiB key in one batch were 8 GiB.
 func (p *pipeline) read(it *item) {
 	if len(p.writes) > 0 && !it.follower && !it.ttl && len(it.keys) <= maxLogReadKeys {
 		it.logRead, it.ops = true, logReadOps(it.keys)
-		p.write(it)
-		return
+		if p.write(it) {
+			return
+		}
+		it.logRead, it.ops = false, nil
 	}
 	p.flushWrites()
 	if len(p.reads) > 0 && p.nkeys+len(it.keys) > maxBatchOps {
@@ -139,12 +154,22 @@ func logReadOps(keys [][]byte) []*shardkvpb.WriteOp {
 	return ops
 }
 
-// write adds a write.
-func (p *pipeline) write(it *item) {
-	p.flushReads()
-	size := 0
+// write adds a write, or a read made in the log (it.logRead), to the
+// batch. A read joins only a batch that has room for it and the values it
+// returns (see reserveReturn); otherwise write reports false and adds
+// nothing. A write that returns the previous value (GETSET, SET ... GET,
+// GETDEL) counts it the same way, and is refused, not run, if the output
+// budget cannot hold it.
+func (p *pipeline) write(it *item) bool {
+	if !it.logRead {
+		p.flushReads()
+	}
+	size, ret := 0, 0
 	for _, op := range it.ops {
 		size += len(op.Key) + len(op.Value) + 16
+		if op.ReturnPrev {
+			ret += p.returned(string(op.Key))
+		}
 	}
 	grow := func(commit bool) int {
 		written := 0
@@ -168,8 +193,24 @@ func (p *pipeline) write(it *item) {
 	if p.wkeys == nil {
 		p.wkeys = map[string]int{}
 	}
-	if len(p.writes) > 0 && (p.nops+len(it.ops) > maxBatchOps || p.nbytes+size > maxBatchBytes || p.nwritten+grow(false) > maxBatchWritten) {
+	full := len(p.writes) > 0 && (p.nops+len(it.ops) > maxBatchOps || p.nbytes+size > maxBatchBytes || p.nwritten+grow(false) > maxBatchWritten)
+	switch {
+	case it.logRead:
+		if full || !p.reserveReturn(ret, false) {
+			return false
+		}
+	case full:
 		p.flushWrites()
+		fallthrough
+	default:
+		if ret > 0 && !p.reserveReturn(ret, false) {
+			p.flushWrites()
+			if !p.reserveReturn(ret, true) {
+				p.c.s.stats.outputRefusals.Add(1)
+				p.reply(errReply(p.c.s.outputFull()))
+				return true
+			}
+		}
 	}
 	written := grow(true)
 	p.add(it)
@@ -177,6 +218,29 @@ func (p *pipeline) write(it *item) {
 	p.nops += len(it.ops)
 	p.nbytes += size
 	p.nwritten += written
+	return true
+}
+
+// returned estimates the bytes of key's value that an op returns: its size
+// as last seen by this connection, or the value limit if unknown.
+func (p *pipeline) returned(key string) int {
+	if n, ok := p.c.sizes[key]; ok {
+		return n + 16
+	}
+	return p.c.s.cfg.MaxValueBytes + 16
+}
+
+// reserveReturn adds est to what the pending batch may return, if that
+// stays within the batch's result bound (unless alone: the first write
+// of a batch always fits) and the output budget can hold it.
+func (p *pipeline) reserveReturn(est int, alone bool) bool {
+	s := p.c.s
+	bound := min(s.cfg.MaxReplyBytes, shardkv.EntryMaxResultBytes)
+	if (p.nreturn+est > bound && !(alone && p.nreturn == 0)) || !s.outBudget.take(int64(est)) {
+		return false
+	}
+	p.nreturn += est
+	return true
 }
 
 // written estimates what op writes to storage: its key and the value it
@@ -216,7 +280,13 @@ func (p *pipeline) written(op *shardkvpb.WriteOp, commit bool) int {
 // learn notes the value sizes that write results tell (see written).
 func (p *pipeline) learn(items []*item) {
 	for _, it := range items {
-		if it.logRead || len(it.res) != len(it.ops) {
+		if len(it.res) != len(it.ops) {
+			continue
+		}
+		if it.logRead {
+			for i, r := range it.res {
+				p.noteSize(it.ops[i].Key, len(r.Prev))
+			}
 			continue
 		}
 		for i, op := range it.ops {
@@ -235,22 +305,41 @@ func (p *pipeline) barrier() {
 
 // emit puts the replies known so far, up to the first one still pending,
 // into the outbox (waiting there while the client's output is full).
+//
+// Replies go in pieces of at most the outbox's bound (a large reply alone),
+// so that each piece waits for room: one put of a whole round's replies
+// would hold them all at once, whatever the client had read.
 func (p *pipeline) emit() {
-	n, size := 0, 0
-	for n < len(p.items) && p.items[n].out != nil {
-		size += len(p.items[n].out)
-		n++
+	for len(p.items) > 0 && p.items[0].out != nil {
+		n, size := 0, 0
+		var charge int64
+		for n < len(p.items) && p.items[n].out != nil && (n == 0 || size+len(p.items[n].out) <= p.c.s.cfg.MaxOutputBytes) {
+			size += len(p.items[n].out)
+			charge += p.items[n].charge
+			n++
+		}
+		b := p.items[0].out
+		if n > 1 {
+			b = make([]byte, 0, size)
+			for _, it := range p.items[:n] {
+				b = append(b, it.out...)
+			}
+		}
+		clear(p.items[:n])
+		p.items = p.items[n:]
+		p.c.out.put(b, charge)
 	}
-	if n == 0 {
-		return
+}
+
+// release gives back what the pipeline's items still hold of the output
+// budget: after a panic, or once the client is gone, they are never
+// emitted.
+func (p *pipeline) release() {
+	for _, it := range p.items {
+		p.c.s.outBudget.give(it.charge)
+		it.charge = 0
 	}
-	b := make([]byte, 0, size)
-	for _, it := range p.items[:n] {
-		b = append(b, it.out...)
-	}
-	clear(p.items[:n])
-	p.items = p.items[n:]
-	p.c.out.put(b)
+	p.items = nil
 }
 
 // late answers the items whose deadline is too near to start them (less
@@ -278,24 +367,44 @@ func (s *Server) roundContext(timeout time.Duration, first *item) (context.Conte
 	return context.WithDeadline(s.ctx, d)
 }
 
-// readGroup is the reads of one slot (and READONLY state) in a batch.
+// readGroup is the reads of one slot (and READONLY state) in a round.
 type readGroup struct {
 	follower bool
 	first    *item // the earliest
 	keys     [][]byte
 	items    []*item
+
+	// Set by read: each distinct key is read once; idx maps keys to
+	// distinct, of which the first got have values in vals.
+	idx      []int
 	vals     []shardkv.ValueEntry
+	got      int
+	used     int  // bytes reserved in the output budget for vals
+	capped   bool // the read stopped at MaxReplyBytes
+	noMemory bool // the read stopped at the output budget
 	err      error
 	timedOut bool
 }
 
+// flushReads runs the pending reads in rounds: each round reads every
+// slot's keys at once (one ReadKeys per slot), and holds at most
+// MaxReplyBytes of values per slot; the reads it could not finish within
+// that go to the next round, after its replies went out. So a pipeline of
+// large values holds a bounded part of them at a time.
 func (p *pipeline) flushReads() {
 	if len(p.reads) == 0 {
 		return
 	}
-	items := p.c.s.late(p.reads)
+	items := p.reads
 	p.reads, p.nkeys = nil, 0
-	defer p.emit()
+	for len(items) > 0 {
+		items = p.readRound(p.c.s.late(items))
+		p.emit()
+	}
+}
+
+// readRound runs one round of items and returns those left for the next.
+func (p *pipeline) readRound(items []*item) (again []*item) {
 	type gkey struct {
 		slot     int
 		follower bool
@@ -336,27 +445,83 @@ func (p *pipeline) flushReads() {
 		wg.Wait()
 	}
 	for _, g := range groups {
-		off := 0
-		for _, it := range g.items {
-			if g.err != nil {
-				it.out = s.readError(g, it.slot)
-			} else if vals := g.vals[off : off+len(it.keys)]; s.replyTooLarge(vals) != nil {
-				it.out = s.replyTooLarge(vals)
-			} else {
-				it.out = it.onRead(vals)
-			}
-			off += len(it.keys)
-		}
+		again = append(again, p.answer(g)...)
 	}
+	return again
 }
 
-// read runs one read group.
+// answer sets the replies of g's items that its read finished, and
+// returns those it must read again. What g reserved goes with its last
+// answered reply, as the values are now in the replies up to it.
+func (p *pipeline) answer(g *readGroup) (again []*item) {
+	s := p.c.s
+	var last *item
+	off := 0
+	for j, it := range g.items {
+		idx := g.idx[off : off+len(it.keys)]
+		off += len(it.keys)
+		complete := g.err == nil
+		for _, i := range idx {
+			complete = complete && i < g.got
+		}
+		switch {
+		case g.err != nil:
+			it.out = s.readError(g, it.slot)
+		case complete:
+			vals := make([]shardkv.ValueEntry, len(idx))
+			for i, d := range idx {
+				vals[i] = g.vals[d]
+				p.noteSize(it.keys[i], len(vals[i].Value))
+			}
+			if e := s.replyTooLarge(vals); e != nil {
+				it.out = e
+			} else {
+				it.out = it.onRead(vals)
+				last = it
+			}
+		case g.noMemory:
+			s.stats.outputRefusals.Add(1)
+			it.out = errReply(s.outputFull())
+		case j == 0:
+			// The first read of the round stopped at MaxReplyBytes: it
+			// alone passes it.
+			s.stats.refused.Add(1)
+			it.out = errReply(fmt.Sprintf("ERR the reply would be more than %d bytes, over the limit of %d bytes; read fewer or smaller keys per command", s.cfg.MaxReplyBytes, s.cfg.MaxReplyBytes))
+		default:
+			again = append(again, it)
+		}
+	}
+	if last != nil {
+		last.charge += int64(g.used)
+	} else {
+		s.outBudget.give(int64(g.used))
+	}
+	g.vals = nil
+	return again
+}
+
+// noteSize notes key's value size for the estimates of written and
+// returned.
+func (p *pipeline) noteSize(key []byte, n int) {
+	if len(p.c.sizes) >= maxKnownSizes {
+		clear(p.c.sizes)
+	}
+	p.c.sizes[string(key)] = n
+}
+
+// outputFull is the error for a read refused for the output budget.
+func (s *Server) outputFull() string {
+	return fmt.Sprintf("ERR the server's output buffers are full (limit %d bytes); try again later", s.cfg.OutputBudgetBytes)
+}
+
+// read runs one read group: each distinct key once (MGET of one large key
+// repeated holds one copy of its value, not one per argument), holding at
+// most MaxReplyBytes of values (but always the first) and only what the
+// output budget grants.
 func (s *Server) read(g *readGroup) {
 	ctx, cancel := s.roundContext(s.cfg.ReadTimeout, g.first)
 	defer cancel()
-	// Each distinct key is read once: MGET of one large key repeated holds
-	// one copy of its value, not one per argument.
-	idx := make([]int, len(g.keys))
+	g.idx = make([]int, len(g.keys))
 	at := map[string]int{}
 	var distinct [][]byte
 	for i, k := range g.keys {
@@ -366,18 +531,31 @@ func (s *Server) read(g *readGroup) {
 			at[string(k)] = j
 			distinct = append(distinct, k)
 		}
-		idx[i] = j
+		g.idx[i] = j
 	}
-	vals, err := s.b.ReadKeys(ctx, distinct, g.follower)
-	g.err = err
-	if err == nil && len(vals) != len(distinct) {
+	reserve := func(n int) bool {
+		n += 16
+		if g.used > 0 && g.used+n > s.cfg.MaxReplyBytes {
+			g.capped = true
+			return false
+		}
+		if !s.outBudget.take(int64(n)) {
+			g.noMemory = true
+			return false
+		}
+		g.used += n
+		return true
+	}
+	vals, err := s.b.ReadKeys(ctx, distinct, g.follower, reserve)
+	switch {
+	case errors.Is(err, shardkv.ErrReadLimit) && len(vals) < len(distinct):
+	case err != nil:
+		g.err = err
+	case len(vals) != len(distinct):
 		g.err = fmt.Errorf("backend returned %d values for %d keys", len(vals), len(distinct))
 	}
 	if g.err == nil {
-		g.vals = make([]shardkv.ValueEntry, len(g.keys))
-		for i, j := range idx {
-			g.vals[i] = vals[j]
-		}
+		g.vals, g.got = vals, len(vals)
 	}
 	g.timedOut = errors.Is(ctx.Err(), context.DeadlineExceeded)
 }
@@ -402,8 +580,12 @@ func (p *pipeline) flushWrites() {
 		return
 	}
 	items := p.writes
-	p.writes, p.nops, p.nbytes, p.nwritten = nil, 0, 0, 0
+	reserved := p.nreturn
+	p.writes, p.nops, p.nbytes, p.nwritten, p.nreturn = nil, 0, 0, 0, 0
 	clear(p.wkeys)
+	// What the batch reserved for the values it returns goes with its
+	// last reply (they are in the replies up to it).
+	items[len(items)-1].charge += int64(reserved)
 	p.c.s.runWrites(items)
 	p.learn(items)
 	p.emit()
@@ -542,6 +724,11 @@ func (s *Server) writeReply(it *item, outs []shardkv.WriteOutcome) []byte {
 	if it.logRead {
 		vals := make([]shardkv.ValueEntry, len(res))
 		for i, r := range res {
+			if r.Error != "" {
+				// RESULT_TOO_LARGE: the batch returned more than the
+				// estimates allowed for (another client grew a value).
+				return redcon.AppendError(nil, opErrorText(r.Error))
+			}
 			vals[i] = shardkv.ValueEntry{Found: r.PrevFound, Value: r.Prev}
 		}
 		if e := s.replyTooLarge(vals); e != nil {
@@ -576,6 +763,8 @@ func opErrorText(code string) string {
 		return "ERR key exceeds the maximum key length"
 	case shardkvpb.OpErrCommandTooLarge:
 		return "ERR the command writes too much for one transaction; send fewer keys per command"
+	case shardkvpb.OpErrResultTooLarge:
+		return "ERR the values returned by this command and the others of its batch are too large; read fewer or smaller keys per command"
 	case shardkvpb.OpErrBadRecord:
 		return "ERR a stored record could not be decoded (see the server log)"
 	}

@@ -162,7 +162,7 @@ func (e *env) holdingBackend() (h *hookBackend, release chan struct{}) {
 	})
 	h.setRead(func(ctx context.Context, keys [][]byte, f bool) ([]shardkv.ValueEntry, error) {
 		hold(ctx)
-		return h.Backend.ReadKeys(ctx, keys, f)
+		return h.Backend.ReadKeys(ctx, keys, f, nil)
 	})
 	return h, release
 }

@@ -69,7 +69,7 @@ type readLimits struct {
 type reqReader struct {
 	r      io.Reader
 	lim    readLimits
-	budget *inputBudget // nil: unbounded
+	budget *memBudget // nil: unbounded
 
 	buf        []byte
 	start, end int   // buf[start:end] is not yet returned as commands
@@ -85,7 +85,7 @@ type reqReader struct {
 	marks []int32 // arguments parsed so far: start, end pairs
 }
 
-func newReqReader(r io.Reader, lim readLimits, budget *inputBudget) *reqReader {
+func newReqReader(r io.Reader, lim readLimits, budget *memBudget) *reqReader {
 	return &reqReader{r: r, lim: lim, budget: budget, bulk: -1}
 }
 

@@ -32,7 +32,7 @@ func (c *chunkReader) Read(p []byte) (int, error) {
 // readAll reads commands until an error, checking the limits on each.
 func readAll(t *testing.T, r io.Reader, lim readLimits) (cmds []string, err error) {
 	t.Helper()
-	budget := &inputBudget{limit: 1 << 40}
+	budget := &memBudget{limit: 1 << 40}
 	rd := newReqReader(r, lim, budget)
 	for calls := 0; ; calls++ {
 		if calls > 1<<20 {

@@ -48,7 +48,8 @@ import (
 // pkg/shardkv/frontend.go for which errors mean "not executed".
 type Backend interface {
 	// ReadKeys reads keys of one slot linearizably.
-	ReadKeys(ctx context.Context, keys [][]byte, followerReads bool) ([]shardkv.ValueEntry, error)
+	// reserve bounds what it holds (see shardkv.Group.ReadKeys).
+	ReadKeys(ctx context.Context, keys [][]byte, followerReads bool, reserve func(bytes int) bool) ([]shardkv.ValueEntry, error)
 	// WriteBatch proposes ops as one log entry.
 	WriteBatch(ctx context.Context, ops []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error)
 	// Topology is what the replica knows of the cluster: configs, leaders.
@@ -99,6 +100,9 @@ const (
 	DefaultMaxOutputBytes = 16 << 20
 	// DefaultMaxReplyBytes is Config.MaxReplyBytes's default.
 	DefaultMaxReplyBytes = 64 << 20
+	// DefaultOutputBudgetBytes bounds what all connections hold of their
+	// output at once (at least 4 * MaxReplyBytes).
+	DefaultOutputBudgetBytes = 1 << 30
 )
 
 // flushTimeout bounds writing one batch of replies to a client, so a client
@@ -160,7 +164,15 @@ type Config struct {
 	MaxOutputBytes int
 	// MaxReplyBytes bounds one read's reply (default 64 MiB): a reply is
 	// built whole before it is queued, so MaxOutputBytes cannot bound it.
+	// It also bounds the values one read round holds per slot, and the
+	// values a write batch returns (its reads made in the log, GETSET).
 	MaxReplyBytes int
+	// OutputBudgetBytes bounds what all connections hold of their output
+	// at once: values read for replies, values a write batch returns, and
+	// replies not yet written (default 1 GiB, at least 4 * MaxReplyBytes).
+	// A read that would need more is refused with an error (nothing else
+	// changes); replies already made wait for room rather than being lost.
+	OutputBudgetBytes int64
 	// Version is reported by INFO as shardkv_version (default: the
 	// module version from the build info).
 	Version string
@@ -184,17 +196,25 @@ type Stats struct {
 	// bounds it); InputRefusals counts connections closed for the budget.
 	InputBytes    int64
 	InputRefusals int64
+	// OutputBytes is what all connections hold of their output now
+	// (OutputBudgetBytes bounds it, but for the one reply each connection
+	// may always add), OutputPeakBytes the most so far; OutputRefusals
+	// counts reads refused for the budget.
+	OutputBytes     int64
+	OutputPeakBytes int64
+	OutputRefusals  int64
 }
 
 // Server is a Redis protocol front end for one replica.
 type Server struct {
-	cfg     Config
-	b       Backend
-	log     *slog.Logger
-	started time.Time
-	cursors *cursorTable
-	cmds    map[string]*command
-	budget  *inputBudget
+	cfg       Config
+	b         Backend
+	log       *slog.Logger
+	started   time.Time
+	cursors   *cursorTable
+	cmds      map[string]*command
+	budget    *memBudget // input
+	outBudget *memBudget // output
 
 	// ctx is cancelled by Close, which cancels in-flight backend calls.
 	ctx    context.Context
@@ -208,7 +228,7 @@ type Server struct {
 	wg     sync.WaitGroup
 
 	stats struct {
-		connected, total, rejected, commands, in, out, unknown, refused, protoErrs, inputRefusals atomic.Int64
+		connected, total, rejected, commands, in, out, unknown, refused, protoErrs, inputRefusals, outputRefusals atomic.Int64
 	}
 }
 
@@ -252,6 +272,9 @@ func New(cfg Config, b Backend) *Server {
 	if cfg.MaxReplyBytes <= 0 {
 		cfg.MaxReplyBytes = DefaultMaxReplyBytes
 	}
+	if cfg.OutputBudgetBytes <= 0 {
+		cfg.OutputBudgetBytes = max(DefaultOutputBudgetBytes, 4*int64(cfg.MaxReplyBytes))
+	}
 	if cfg.Version == "" {
 		cfg.Version = "dev"
 		if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
@@ -263,7 +286,7 @@ func New(cfg Config, b Backend) *Server {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Server{cfg: cfg, b: b, log: cfg.Logger, started: time.Now(), cursors: newCursorTable(), cmds: commandTable(),
-		budget: &inputBudget{limit: cfg.InputBudgetBytes}, ctx: ctx, cancel: cancel, lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}}
+		budget: &memBudget{limit: cfg.InputBudgetBytes}, outBudget: &memBudget{limit: cfg.OutputBudgetBytes}, ctx: ctx, cancel: cancel, lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}}
 }
 
 // ListenAndServe listens on Config.Addr and serves until Close.
@@ -389,6 +412,9 @@ func (s *Server) Stats() Stats {
 		ProtocolErrors:      s.stats.protoErrs.Load(),
 		InputBytes:          s.budget.inUse(),
 		InputRefusals:       s.stats.inputRefusals.Load(),
+		OutputBytes:         s.outBudget.inUse(),
+		OutputPeakBytes:     s.outBudget.maxUsed(),
+		OutputRefusals:      s.stats.outputRefusals.Load(),
 	}
 }
 
@@ -463,7 +489,7 @@ type conn struct {
 func newConn(s *Server, nc net.Conn, id int64) *conn {
 	now := time.Now()
 	c := &conn{s: s, nc: nc,
-		q: newCmdQueue(s.cfg.MaxQueuedBytes), out: newOutbox(s.cfg.MaxOutputBytes), w: countingWriter{nc, &s.stats.out},
+		q: newCmdQueue(s.cfg.MaxQueuedBytes), out: newOutbox(s.cfg.MaxOutputBytes, s.outBudget), w: countingWriter{nc, &s.stats.out},
 		id: id, created: now, lastAt: now, sizes: map[string]int{}}
 	c.authed.Store(s.cfg.Password == "")
 	c.rd = newReqReader(connInput{nc, s.cfg.IdleTimeout, &s.stats.in}, c.limits(), s.budget)

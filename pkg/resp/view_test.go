@@ -16,7 +16,7 @@ import (
 // no known leader, a slot range of one slot).
 type viewBackend struct{ topo shardkv.Topology }
 
-func (v *viewBackend) ReadKeys(context.Context, [][]byte, bool) ([]shardkv.ValueEntry, error) {
+func (v *viewBackend) ReadKeys(context.Context, [][]byte, bool, func(int) bool) ([]shardkv.ValueEntry, error) {
 	return nil, &shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Msg: "no config yet"}
 }
 

@@ -54,6 +54,9 @@ type applyCtx struct {
 	buf *entryBuf
 	// maxValue is the current write command's value limit.
 	maxValue int
+	// returned is the bytes of previous values the current write
+	// command's ops return (EntryMaxResultBytes bounds it).
+	returned int
 	// Client sessions read by the current entry, by session key, written
 	// back once at its end (flushSessions).
 	sessions map[string]*stagedSession
@@ -248,6 +251,7 @@ func (a *applyCtx) apply(cmd *shardkvpb.GroupCommand) (any, error) {
 // the check before proposing keeps every command it accepts below that).
 func (a *applyCtx) writes(cmd *shardkvpb.GroupCommand) (any, error) {
 	a.buf = &entryBuf{m: map[string]bufWrite{}}
+	a.returned = 0
 	defer func() { a.buf = nil }()
 	a.maxValue = MaxValueBytesLimit
 	if m := cmd.MaxValueBytes; m > 0 && m < MaxValueBytesLimit {
@@ -362,6 +366,12 @@ func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 	}
 	nowMs := a.nowNS / 1e6
 	oldLive := old != nil && old.live(nowMs)
+	if op.ReturnPrev && oldLive {
+		if a.returned+len(old.Value) > EntryMaxResultBytes {
+			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrResultTooLarge}, nil
+		}
+		a.returned += len(old.Value)
+	}
 	res := &shardkvpb.WriteResult{}
 	next, err := applyOp(op, old, oldLive, nowMs, a.maxValue, res)
 	switch {

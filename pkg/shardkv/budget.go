@@ -35,6 +35,13 @@ const (
 	// these leave room for the applied index and log time.
 	EntryMaxRecords = 24_000
 	EntryMaxBytes   = 2 << 20
+	// EntryMaxResultBytes bounds the previous values one write command's
+	// ops return (reads made in a write batch, GETSET and the like): every
+	// replica holds them until the entry's apply ends, so a batch of a
+	// thousand reads of one 8 MiB key would hold 8 GiB on each. An op past
+	// it fails with OpErrResultTooLarge and changes nothing, the same on
+	// every replica. Front ends keep their batches below it.
+	EntryMaxResultBytes = 64 << 20
 	// valueInline: a value this long or longer goes to badger's value log
 	// and counts as a 12-byte pointer (raftgroup's ValueThreshold, 1 MiB).
 	valueInline = 1 << 20

@@ -19,10 +19,17 @@ import (
 // invalid input or a local failure (nothing executed, resending cannot
 // help).
 
+// ErrReadLimit: ReadKeys stopped because its reserve refused a value; the
+// values it returned with it are those of the first keys.
+var ErrReadLimit = errors.New("read stopped at the caller's memory limit")
+
 // ReadKeys reads keys (of one shard) linearizably: a ReadIndex round, then
 // local state with the local clock deciding expiry. A follower serves it
-// only if followerReads; otherwise it refuses with NOT_LEADER.
-func (g *Group) ReadKeys(ctx context.Context, keys [][]byte, followerReads bool) ([]ValueEntry, error) {
+// only if followerReads; otherwise it refuses with NOT_LEADER. If reserve
+// is set, it is asked for each value's size before the value is kept; when
+// it refuses, ReadKeys returns the values of the keys before it and
+// ErrReadLimit, so a caller bounds what one read holds.
+func (g *Group) ReadKeys(ctx context.Context, keys [][]byte, followerReads bool, reserve func(bytes int) bool) ([]ValueEntry, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
@@ -56,6 +63,9 @@ func (g *Group) ReadKeys(ctx context.Context, keys [][]byte, followerReads bool)
 		if code != OK {
 			// The config moved on while we waited for the barrier.
 			return nil, g.refuse(k, code, !followerReads)
+		}
+		if reserve != nil && !reserve(len(e.Value)) {
+			return out[:i], ErrReadLimit
 		}
 		out[i] = e
 	}

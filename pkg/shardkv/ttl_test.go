@@ -65,7 +65,7 @@ func readKey(t *testing.T, w *kvtest.World, key string) shardkv.ValueEntry {
 	for {
 		g := leaderGroup(t, w, owner(t, w, key))
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		out, err := g.ReadKeys(ctx, [][]byte{[]byte(key)}, false)
+		out, err := g.ReadKeys(ctx, [][]byte{[]byte(key)}, false, nil)
 		cancel()
 		if err == nil {
 			return out[0]

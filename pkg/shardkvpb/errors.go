@@ -74,6 +74,11 @@ const (
 	OpErrCommandTooLarge = "COMMAND_TOO_LARGE"
 	// OpErrBadRecord: a stored record the op needed could not be decoded.
 	OpErrBadRecord = "BAD_RECORD"
+	// OpErrResultTooLarge: the op returns a previous value (a read made in
+	// a write command, GETSET, GETDEL, SET ... GET), and the values the
+	// command's ops return would together pass the per-command result
+	// limit; the op changed nothing.
+	OpErrResultTooLarge = "RESULT_TOO_LARGE"
 )
 
 // The two outcomes of a request that did not simply succeed or fail, as Go
