@@ -89,6 +89,7 @@ func TestHostileInput(t *testing.T) {
 	run("MGETLargeValueRepeated", h.mgetRepeated)
 	// Last: before a fix it stops a replica, which the later checks see.
 	run("MGETReplyPastMemory", h.mgetPastMemory)
+	run("PipelinedReadsPastMemory", h.pipelinedReadsPastMemory)
 	t.Logf("total %v", time.Since(start).Round(time.Millisecond))
 }
 
@@ -827,6 +828,77 @@ func (h *hostile) mgetPastMemory(t *testing.T) {
 	if processGone(pid) {
 		t.Errorf("%s (pid %d) died serving the MGET; its log ends:\n%s",
 			h.c.nameOf(follower), pid, crashHead(logOf(h.c, follower)))
+	}
+}
+
+// PipelinedReadsPastMemory: one pipeline of (SET, GET of one 2 MiB key)
+// pairs, 1,000 of them, to the group's leader, given 2 GiB of address
+// space beyond what it uses. Each GET after a SET is made in the write
+// batch; before the batch's returned values were bounded, the whole
+// pipeline was a few batches returning 2 GB of values on every replica,
+// and the leader built replies of as much again. It must answer every
+// command correctly within its memory.
+func (h *hostile) pipelinedReadsPastMemory(t *testing.T) {
+	ctx := tctx(t, 120*time.Second)
+	tag, _ := h.tagOn(1, "pipe-mem")
+	key, ctr := tag+"v", tag+"n"
+	val := strings.Repeat("P", hostileMaxValue)
+	if err := h.rc.Set(ctx, key, val, 0).Err(); err != nil {
+		t.Fatalf("SET of the 2 MiB value: %v", err)
+	}
+	leader, _ := groupLeader(t, h.c.ctrl, 1, 30*time.Second)
+	pid := h.pids[leader]
+	vm := procStatusKB(pid, "VmSize") << 10
+	if err := limitAddressSpace(pid, vm+2<<30); err != nil {
+		t.Fatalf("prlimit of %s: %v", h.c.nameOf(leader), err)
+	}
+	hwm0 := procStatusKB(pid, "VmHWM")
+	rc := redis.NewClient(&redis.Options{Addr: h.c.grpcToRESP()[leader], ReadTimeout: 60 * time.Second, MaxRetries: -1})
+	defer rc.Close()
+	const pairs = 1000
+	pipe := rc.Pipeline()
+	for i := range pairs {
+		pipe.Set(ctx, ctr, i, 0)
+		pipe.Get(ctx, key)
+	}
+	t0 := time.Now()
+	cmds, err := pipe.Exec(ctx)
+	t.Logf("%d (SET, GET of %d bytes) pairs: %v in %v; the leader's peak RSS %d MiB before, %d MiB after",
+		pairs, len(val), err, time.Since(t0).Round(time.Millisecond), hwm0>>10, procStatusKB(pid, "VmHWM")>>10)
+	bad := 0
+	for i, c := range cmds {
+		var got string
+		var cerr error
+		switch c := c.(type) {
+		case *redis.StatusCmd:
+			got, cerr = c.Result()
+			if cerr == nil && got != "OK" {
+				cerr = fmt.Errorf("reply %q", got)
+			}
+		case *redis.StringCmd:
+			got, cerr = c.Result()
+			if cerr == nil && got != val {
+				cerr = fmt.Errorf("a %d-byte value", len(got))
+			}
+		}
+		if cerr != nil {
+			if bad++; bad <= 3 {
+				t.Errorf("command %d (%s): %v", i, c.Name(), cerr)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of %d commands failed", bad, len(cmds))
+	}
+	if err != nil {
+		waitGone(pid, 20*time.Second)
+	}
+	if processGone(pid) {
+		t.Errorf("%s (pid %d) died serving the pipeline; its log ends:\n%s",
+			h.c.nameOf(leader), pid, crashHead(logOf(h.c, leader)))
+	}
+	if err := h.rc.Del(ctx, key, ctr).Err(); err != nil {
+		t.Errorf("DEL: %v", err)
 	}
 }
 

@@ -143,6 +143,10 @@ func TestWorkload(t *testing.T) {
 
 // runHTTPWorkload runs wl for about 3 s with group 3 joining after 1 s,
 // stops it with POST /stop, and checks the HTTP API and the history.
+// What runHTTPWorkload waits for and then checks the history has: ok
+// operations, and ok gets and ok writes among them.
+const minOK, minOKKind = 40, 10
+
 func runHTTPWorkload(t *testing.T, w *kvtest.World, wl *Workload, log *syncBuffer) {
 	t.Helper()
 	defer wl.Close()
@@ -161,15 +165,19 @@ func runHTTPWorkload(t *testing.T, w *kvtest.World, wl *Workload, log *syncBuffe
 	// Moves shards to group 3 while the clients run.
 	time.Sleep(time.Second)
 	w.Join(3)
+	// Until the clients ran through the migration for a while and did
+	// what the checks below ask for: how long that takes depends on the
+	// machine (2 cores, -race, other tests), so it is waited for, not
+	// assumed (a fixed 3 s saw 5 operations on a loaded machine).
 	for {
 		s := getStatus(t, base)
-		if s.Phase == PhaseRunning && s.Running && s.OK > 0 && time.Since(start) > 3*time.Second {
+		if s.Phase == PhaseRunning && s.Running && s.OK >= minOK && s.OKGets >= minOKKind && s.OKWrites >= minOKKind && time.Since(start) > 3*time.Second {
 			if s.Clients != len(wl.cls) || len(s.Keys) != len(wl.keys) || s.UptimeSeconds <= 0 || s.OKPerSecondRecent <= 0 {
 				t.Fatalf("status: %+v", s)
 			}
 			break
 		}
-		if time.Since(start) > 10*time.Second {
+		if time.Since(start) > time.Minute {
 			t.Fatalf("no progress: %+v\nlog:\n%s", s, log.String())
 		}
 		time.Sleep(200 * time.Millisecond)
@@ -213,9 +221,7 @@ func runHTTPWorkload(t *testing.T, w *kvtest.World, wl *Workload, log *syncBuffe
 		}
 		t.Fatalf("not linearizable: %s\nvisualization: %s\nlog:\n%s", res, viz, log.String())
 	}
-	// The machine may be slow and busy (2 cores, -race): ~50 ok/s
-	// over 3 s with a migration is typical there.
-	if res.OK < 40 || res.OKGets < 10 || res.OKWrites < 10 {
+	if res.OK < minOK || res.OKGets < minOKKind || res.OKWrites < minOKKind {
 		t.Fatalf("too few operations succeeded: %s\nlog:\n%s", res, log.String())
 	}
 	if lg := log.String(); !strings.Contains(lg, fmt.Sprintf("running: %d clients", len(wl.cls))) ||
