@@ -380,8 +380,7 @@ type readGroup struct {
 	vals     []shardkv.ValueEntry
 	got      int
 	used     int  // bytes reserved in the output budget for vals
-	capped   bool // the read stopped at MaxReplyBytes
-	noMemory bool // the read stopped at the output budget
+	noMemory bool // the read stopped at the output budget, not MaxReplyBytes
 	err      error
 	timedOut bool
 }
@@ -536,7 +535,6 @@ func (s *Server) read(g *readGroup) {
 	reserve := func(n int) bool {
 		n += 16
 		if g.used > 0 && g.used+n > s.cfg.MaxReplyBytes {
-			g.capped = true
 			return false
 		}
 		if !s.outBudget.take(int64(n)) {
