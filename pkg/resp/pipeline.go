@@ -223,11 +223,15 @@ func (p *pipeline) write(it *item) bool {
 
 // returned estimates the bytes of key's value that an op returns: its size
 // as last seen by this connection, or the value limit if unknown.
-func (p *pipeline) returned(key string) int {
+func (p *pipeline) returned(key string) int { return p.size(key) + 16 }
+
+// size is key's value size as last seen by this connection, or the value
+// limit if unknown.
+func (p *pipeline) size(key string) int {
 	if n, ok := p.c.sizes[key]; ok {
-		return n + 16
+		return n
 	}
-	return p.c.s.cfg.MaxValueBytes + 16
+	return p.c.s.cfg.MaxValueBytes
 }
 
 // reserveReturn adds est to what the pending batch may return, if that
@@ -249,30 +253,20 @@ func (p *pipeline) reserveReturn(est int, alone bool) bool {
 // or an earlier op of its pipeline), or the value limit if unknown. It
 // notes the size op leaves for the ops after it if commit.
 func (p *pipeline) written(op *shardkvpb.WriteOp, commit bool) int {
-	sizes := p.c.sizes
-	if len(sizes) >= maxKnownSizes {
-		clear(sizes)
-	}
 	k, limit := string(op.Key), p.c.s.cfg.MaxValueBytes
-	known := func() int {
-		if n, ok := sizes[k]; ok {
-			return n
-		}
-		return limit
-	}
 	var n int
 	switch op.Kind {
 	case shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_CAS:
 		n = len(op.Value)
 	case shardkvpb.WriteOp_APPEND:
-		n = min(known()+len(op.Value), limit)
+		n = min(p.size(k)+len(op.Value), limit)
 	case shardkvpb.WriteOp_EXPIRE, shardkvpb.WriteOp_PERSIST:
-		n = known()
+		n = p.size(k)
 	case shardkvpb.WriteOp_INCR, shardkvpb.WriteOp_INCR_FLOAT:
 		n = 32
 	}
 	if commit {
-		sizes[k] = n
+		p.noteSize(op.Key, n)
 	}
 	return len(op.Key) + n + 32
 }
@@ -291,7 +285,7 @@ func (p *pipeline) learn(items []*item) {
 		}
 		for i, op := range it.ops {
 			if r := it.res[i]; op.Kind == shardkvpb.WriteOp_APPEND && r.Ok && r.Error == "" {
-				p.c.sizes[string(op.Key)] = int(r.Num)
+				p.noteSize(op.Key, int(r.Num))
 			}
 		}
 	}
