@@ -192,7 +192,7 @@ func (c *conn) execute() {
 		}
 		if done {
 			if end != nil {
-				c.out.put(end, 0)
+				c.out.put(end, 0, 0)
 			}
 			return
 		}
@@ -212,7 +212,7 @@ func (c *conn) run(cmds []queued) {
 			c.burst = burst{}
 		}
 		c.s.stats.commands.Add(1)
-		p.deadline = cmd.deadline
+		p.deadline, p.seq = cmd.deadline, cmd.seq
 		before := p.last
 		c.dispatch(p, cmd.args)
 		if !cmd.first || p.last == before {

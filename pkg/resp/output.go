@@ -14,13 +14,15 @@ import (
 // client's further commands. That is backpressure where Redis (whose normal
 // clients have no output limit) would buffer without bound.
 type outbox struct {
-	mu      sync.Mutex
-	cond    *sync.Cond
-	buf     []byte // replies not yet handed to the writer
-	writing bool   // the writer is writing a batch
-	closed  bool   // no more replies: the writer exits once buf is written
-	failed  bool   // a write failed (or timed out): replies are dropped
-	max     int
+	mu     sync.Mutex
+	cond   *sync.Cond
+	buf    []byte // replies not yet handed to the writer
+	closed bool   // no more replies: the writer exits once buf is written
+	failed bool   // a write failed (or timed out): replies are dropped
+	max    int
+	// putSeq is the seq of the last command whose reply is in buf or was
+	// written; handedSeq is putSeq as of the writer's last take of buf.
+	putSeq, handedSeq uint64
 	// budget is the server's output budget; held is what this outbox has
 	// charged to it: the bytes of buf and of the batch being written.
 	budget *memBudget
@@ -33,14 +35,15 @@ func newOutbox(max int, budget *memBudget) *outbox {
 	return o
 }
 
-// put appends replies, first waiting while the buffer is full, or while
+// put appends replies, the last of them to the command numbered seq (0:
+// none completes here), first waiting while the buffer is full, or while
 // the server's output budget is spent and this connection already has
 // replies waiting (its own writer frees them, or fails and drops them, so
 // the wait ends; a connection with none may always add one). reserved is
 // what the caller already charged to the budget for b (values read for
 // it): it becomes part of what the outbox holds. It reports false once
 // the connection can take no more replies; reserved is then given back.
-func (o *outbox) put(b []byte, reserved int64) bool {
+func (o *outbox) put(b []byte, reserved int64, seq uint64) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for (len(o.buf) >= o.max || (len(o.buf) > 0 && o.budget.full())) && !o.failed {
@@ -57,6 +60,7 @@ func (o *outbox) put(b []byte, reserved int64) bool {
 	}
 	o.held += int64(len(b))
 	o.buf = append(o.buf, b...)
+	o.putSeq = max(o.putSeq, seq)
 	o.cond.Broadcast()
 	return true
 }
@@ -70,11 +74,12 @@ func (o *outbox) drop() {
 	o.cond.Broadcast()
 }
 
-// idle reports whether every reply put so far has been written.
-func (o *outbox) idle() bool {
+// handed returns the seq of the last command whose reply the writer has
+// taken to write (the client may have it).
+func (o *outbox) handed() uint64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return len(o.buf) == 0 && !o.writing
+	return o.handedSeq
 }
 
 // broken reports whether a write failed.
@@ -119,15 +124,15 @@ func (c *conn) writeLoop() {
 			return
 		}
 		b := o.buf
-		o.buf, o.writing = spare[:0], true
-		o.cond.Broadcast() // room for the executor
+		o.buf = spare[:0]
+		o.handedSeq = o.putSeq // before the write: see cmdQueue.push
+		o.cond.Broadcast()     // room for the executor
 		o.mu.Unlock()
 
 		_ = c.nc.SetWriteDeadline(time.Now().Add(flushTimeout))
 		_, err := c.w.Write(b)
 
 		o.mu.Lock()
-		o.writing = false
 		o.held -= int64(len(b))
 		o.budget.give(int64(len(b)))
 		if cap(b) <= 2*o.max {

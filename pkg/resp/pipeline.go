@@ -55,6 +55,7 @@ type item struct {
 	out      []byte
 	slot     int
 	deadline time.Time // when the reply is due (the command's)
+	seq      uint64    // the command's (see queued)
 	// charge is what was reserved in the server's output budget for this
 	// item's reply, and for replies before it (values read or returned for
 	// them): handed to the outbox with the reply (see emit).
@@ -90,6 +91,7 @@ type pipeline struct {
 	items    []*item // not yet in the outbox, in order
 	last     *item   // the last item added
 	deadline time.Time
+	seq      uint64 // the command being dispatched
 
 	reads    []*item
 	nkeys    int
@@ -108,7 +110,7 @@ type pipeline struct {
 }
 
 func (p *pipeline) add(it *item) {
-	it.deadline = p.deadline
+	it.deadline, it.seq = p.deadline, p.seq
 	p.items = append(p.items, it)
 	p.last = it
 }
@@ -319,9 +321,10 @@ func (p *pipeline) emit() {
 				b = append(b, it.out...)
 			}
 		}
+		seq := p.items[n-1].seq
 		clear(p.items[:n])
 		p.items = p.items[n:]
-		p.c.out.put(b, charge)
+		p.c.out.put(b, charge, seq)
 	}
 }
 

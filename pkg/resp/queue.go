@@ -12,10 +12,12 @@ type queued struct {
 	// PipelineTimeout before. A command not yet proposed near it is refused
 	// as not executed; a proposed one is answered by then.
 	deadline time.Time
-	// first marks the first command of a burst: it was read while the
-	// connection was idle (nothing queued or running, every reply
-	// written), so a client that waits for its replies, as every
-	// pipelining client does, began a new pipeline with it.
+	// seq numbers the connection's commands from 1, in the order read.
+	seq uint64
+	// first marks the first command of a burst: it was read once the
+	// reply to every command before it had been handed to the writer, so
+	// a client that waits for its replies, as every pipelining client
+	// does, began a new pipeline with it.
 	first bool
 }
 
@@ -33,6 +35,7 @@ type cmdQueue struct {
 	ended   bool   // the reader is done
 	end     []byte // its last reply (a protocol error), if any
 	stopped bool   // the executor is done: push refuses
+	seq     uint64 // the last command's seq
 }
 
 func newCmdQueue(max int) *cmdQueue {
@@ -53,9 +56,14 @@ func (q *cmdQueue) push(cmds [][][]byte, out *outbox, timeout time.Duration) boo
 		return false
 	}
 	now := time.Now()
-	first := len(q.cmds) == 0 && !q.busy && out.idle()
+	// The outbox notes how far its replies went before it writes them, so
+	// a reply the client has read is always counted here (a flag cleared
+	// by the executor or writer after their work was raced by the client's
+	// next command).
+	first := out.handed() == q.seq
 	for i, args := range cmds {
-		q.cmds = append(q.cmds, queued{args: args, deadline: now.Add(timeout), first: first && i == 0})
+		q.seq++
+		q.cmds = append(q.cmds, queued{args: args, seq: q.seq, deadline: now.Add(timeout), first: first && i == 0})
 		for _, a := range args {
 			q.bytes += len(a) + 16
 		}

@@ -116,3 +116,20 @@ func TestClusterViewLayouts(t *testing.T) {
 	expect(t, conn.do("mset", "{k}a", "v", "{k}"+strings.Repeat("k", 65), "v"), rerr("ERR key of 68 bytes exceeds the limit of 64 bytes"))
 	expect(t, conn.do("scan", "0"), []any{"0", []any{}})
 }
+
+// TestRefusedOneAtATime: a client that waits for each reply starts a new
+// burst with each command, so a refusal is never carried over to the next
+// command as "the first command of this pipeline was refused". The
+// executor's and writer's bookkeeping once trailed the reply on the wire,
+// and a quick client's next command was taken for the same pipeline.
+func TestRefusedOneAtATime(t *testing.T) {
+	vb := &viewBackend{topo: shardkv.Topology{GID: 1, ReplicaID: 1}}
+	_, addr := extraServer(t, resp.Config{MaxValueBytes: 4096}, vb)
+	conn := dial(t, addr)
+	defer conn.c.Close()
+	for i := range 3000 {
+		if got := conn.do("set", "k", "v"); got != rerr("CLUSTERDOWN Hash slot not served") {
+			t.Fatalf("command %d: got %v", i, got)
+		}
+	}
+}
