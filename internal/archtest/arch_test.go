@@ -47,6 +47,7 @@ var allowed = map[string][]string{
 	"hack/imagebuild":         nil,
 	"hack/pause":              nil,
 	"internal/archtest":       nil,
+	"internal/lazyfs":         nil, // test-only: a filesystem that forgets unsynced data
 	"e2e":                     nil, // drives a cluster through kubectl and the image's kvctl only
 }
 
