@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,6 +38,11 @@ import (
 // Stream layout: a member table (uvarint count, then uvarint id, uvarint
 // length and address for each member) followed by the state machine's data.
 
+// spool holds the received snapshots raft may still hand back. Raft keeps
+// at most one pending snapshot, but it may accept a newer one while an older
+// one is being installed (the Ready loop is busy restoring it; the Snapshot
+// handler steps into raft concurrently), so a file is only removed once no
+// Ready can ask for it: see pruneSpool.
 type spool struct {
 	mu    sync.Mutex
 	files map[[2]uint64]string // (index, term) -> path
@@ -343,10 +350,12 @@ func (r *Replica) restoreFrom(pending *pb.Snapshot) error {
 	r.smApplied = applied
 	r.raftApplied = meta.GetIndex()
 	r.logSizes, r.bytesSinceSnap = nil, 0 // the log was replaced
+	// Pruned before the applied index is published, so that whoever waits
+	// for it finds the spool settled.
+	r.pruneSpool(meta.GetIndex())
 	r.applied.Store(max(applied, meta.GetIndex()))
 	r.applyW.advance(r.applied.Load())
 	r.log.Info("restored snapshot", "marker_index", meta.GetIndex(), "state_index", applied)
-	r.cleanSpool()
 	return nil
 }
 
@@ -371,7 +380,32 @@ func (r *Replica) replaceMembers(m map[uint64]string) error {
 	return wb.Flush()
 }
 
-// cleanSpool deletes every spooled snapshot file.
+// pruneSpool deletes the spooled snapshots at or below index, once the
+// snapshot at index is installed: raft accepts a snapshot only above its
+// commit index, which is now at least index, so it never hands those back
+// (superseded, refused, or just consumed). Newer files stay: raft may have
+// accepted one while this snapshot was being installed, and hands it back
+// in the next Ready. Files raft refused above index are left to a later
+// install or to the start-up clean.
+func (r *Replica) pruneSpool(index uint64) {
+	r.spool.mu.Lock()
+	defer r.spool.mu.Unlock()
+	for k, path := range r.spool.files {
+		if k[0] > index {
+			continue
+		}
+		delete(r.spool.files, k)
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			r.log.Warn("removing spooled snapshot", "path", path, "err", err)
+		}
+	}
+}
+
+// cleanSpool deletes every spooled snapshot file and partial receive. Only
+// at start-up, before the replica serves: raft's pending snapshot does not
+// survive a restart, so no file is needed any more (the one an interrupted
+// restore reads is consumed first); later, a receive in progress or a
+// snapshot raft still holds could be deleted under it.
 func (r *Replica) cleanSpool() {
 	r.spool.mu.Lock()
 	r.spool.files = nil
@@ -402,5 +436,6 @@ func (r *Replica) finishPendingRestore() error {
 	if err := r.restoreFrom(pending); err != nil {
 		return fmt.Errorf("resume snapshot restore: %w", err)
 	}
+	r.cleanSpool() // the spool map is empty after a restart: prune saw no file
 	return nil
 }
