@@ -1,8 +1,10 @@
 package shardkv
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
@@ -18,8 +20,8 @@ const SessionTTL = time.Hour
 // "changes since index i"; nothing reads them older than this.
 const TombstoneTTL = 100_000
 
-// expire drops sessions idle past SessionTTL and tombstones older than
-// TombstoneTTL entries, both found through their indexes.
+// expire drops sessions idle past SessionTTL, found through their index,
+// and purges tombstones older than TombstoneTTL entries (purgeTombstones).
 func (a *applyCtx) expire() error {
 	cutoff := a.nowNS - int64(SessionTTL)
 	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'e'}})
@@ -42,36 +44,125 @@ func (a *applyCtx) expire() error {
 			return err
 		}
 	}
-	if a.index <= TombstoneTTL {
-		return nil
+	return a.purgeTombstones()
+}
+
+// One expiry entry examines at most TombstoneScanKeys tombstone index
+// entries (each costs a record read), or tombstoneScanBytes of their keys,
+// and changes at most DeleteChunkKeys tombstones, or tombstonePurgeBytes of
+// keys and values: user keys may be up to 64 KB, and 1,000 such purges
+// would pass badger's transaction limit (2.4 MiB) and stop every replica.
+const (
+	TombstoneScanKeys   = 4 * DeleteChunkKeys
+	tombstoneScanBytes  = 4 << 20
+	tombstonePurgeBytes = 512 << 10
+)
+
+// purgeTombstones deletes tombstones written more than TombstoneTTL entries
+// ago. The tombstone index is in key order, not age order, so young
+// tombstones may sort before old ones: each expiry entry goes on from where
+// the last one stopped (keyTombCursor, replicated state like the rest) and
+// wraps around at the end, so repeated entries sweep the whole index within
+// the bounds above.
+//
+// A record's index is this group's: writes and imports stamp the entry
+// applying them (insertChunk). A tombstone whose index is above the entry's
+// own can only have been imported with its source's index (before imports
+// were stamped): it is stamped now, and so purged TombstoneTTL entries
+// later.
+func (a *applyCtx) purgeTombstones() error {
+	cursor, err := a.value(keyTombCursor)
+	if err != nil {
+		return fmt.Errorf("read tombstone cursor: %w", err)
 	}
-	before := a.index - TombstoneTTL
-	it = a.txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'t'}})
-	var tomb [][]byte
-	for it.Rewind(); it.Valid() && len(tomb) < DeleteChunkKeys; it.Next() {
-		tomb = append(tomb, it.Item().KeyCopy(nil))
+	keys, whole := a.tombstoneScan(cursor)
+	var before uint64
+	if a.index > TombstoneTTL {
+		before = a.index - TombstoneTTL
 	}
-	it.Close()
-	for _, tk := range tomb {
+	changed, changedBytes := 0, 0
+	var last []byte // the last entry examined: the next entry starts after it
+	for _, tk := range keys {
+		if changed >= DeleteChunkKeys || changedBytes >= tombstonePurgeBytes {
+			whole = false
+			break
+		}
+		last = tk
 		s := int(tk[1])<<8 | int(tk[2])
 		dk := dataKey(s, tk[3:])
-		rec, err := a.get(dk)
-		if errors.Is(err, errBadRecord) {
+		v, err := a.value(dk)
+		if err != nil {
+			return fmt.Errorf("read tombstone %q: %w", dk, err)
+		}
+		if v == nil {
+			continue // a stale index entry (cannot happen): left alone
+		}
+		rec, err := decodeRecord(v)
+		if err != nil {
 			continue // kept as it is, as every write to it (BAD_RECORD)
 		}
-		if err != nil {
-			return err
-		}
-		if rec != nil && rec.Tombstone && rec.Index < before {
+		switch {
+		case !rec.Tombstone:
+			// A stale index entry again; never deletes a value.
+		case rec.Index > a.index:
+			if err := a.set(dk, stampIndex(v, a.index)); err != nil {
+				return err
+			}
+			changed, changedBytes = changed+1, changedBytes+len(dk)+len(v)
+		case rec.Index < before:
 			if err := a.del(dk); err != nil {
 				return err
 			}
 			if err := a.del(tk); err != nil {
 				return err
 			}
+			changed, changedBytes = changed+1, changedBytes+len(dk)+len(tk)
 		}
 	}
+	switch {
+	case !whole:
+		return a.set(keyTombCursor, last)
+	case cursor != nil:
+		return a.del(keyTombCursor) // swept it all: start over next time
+	}
 	return nil
+}
+
+// tombstoneScan returns tombstone index keys in sweep order, after cursor
+// to the end, then from the start up to cursor, within the scan bounds.
+// whole reports that they are the entire index.
+func (a *applyCtx) tombstoneScan(cursor []byte) (keys [][]byte, whole bool) {
+	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'t'}})
+	defer it.Close()
+	size := 0
+	full := func() bool { return len(keys) >= TombstoneScanKeys || size >= tombstoneScanBytes }
+	take := func() {
+		k := it.Item().KeyCopy(nil)
+		keys, size = append(keys, k), size+len(k)
+	}
+	it.Rewind()
+	if cursor != nil {
+		it.Seek(cursor)
+		if it.Valid() && bytes.Equal(it.Item().Key(), cursor) {
+			it.Next()
+		}
+	}
+	for ; it.Valid(); it.Next() {
+		if full() {
+			return keys, false
+		}
+		take()
+	}
+	if cursor == nil {
+		return keys, true
+	}
+	for it.Rewind(); it.Valid() && bytes.Compare(it.Item().Key(), cursor) <= 0; it.Next() {
+		if full() {
+			return keys, false
+		}
+		take()
+	}
+	return keys, true
 }
 
 // ExpireKeysBatch bounds the keys one expiry entry deletes.

@@ -4,11 +4,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Storage layout (all keys outside the engine's 0x00 prefix):
 //
 //	m/applied, m/config, m/prev, m/logtime     group metadata
+//	m/tombcursor                               tombstone sweep position (a t key)
 //	s<shard:2>                                 per-shard state (ShardMeta)
 //	d<shard:2>k<user key>                      a value record
 //	d<shard:2>s<client:8>                      a client session (dedup)
@@ -19,12 +21,17 @@ import (
 // Everything of one shard that moves with it (values, tombstones, sessions)
 // is one contiguous key range, d<shard>: moving, counting and deleting a
 // shard are range operations. The three indexes are rebuilt from it.
+//
+// m/tombcursor is new: a store without it sweeps from the start. Records
+// imported before insertChunk stamped them keep their source's index; the
+// sweep stamps a tombstone whose index is above the local one (expiry.go).
 var (
-	keyApplied = []byte("m/applied")
-	keyConfig  = []byte("m/config")
-	keyPrev    = []byte("m/prev")
-	keyLogTime = []byte("m/logtime")
-	metaPrefix = []byte("m/")
+	keyApplied    = []byte("m/applied")
+	keyConfig     = []byte("m/config")
+	keyPrev       = []byte("m/prev")
+	keyLogTime    = []byte("m/logtime")
+	keyTombCursor = []byte("m/tombcursor")
+	metaPrefix    = []byte("m/")
 )
 
 const (
@@ -54,8 +61,10 @@ func tombstoneKey(s int, key []byte) []byte {
 	return append([]byte{'t', byte(s >> 8), byte(s)}, key...)
 }
 
-// record is a stored value: the Raft index that wrote it (so a later
-// pre-copy migration can ask for "changes since index i"), an optional
+// record is a stored value: the index, in this group's log, of the entry
+// that wrote it here (a write, or the insert of a pulled shard: never the
+// source group's index), so that a later pre-copy migration can ask for
+// "changes since index i" and tombstones age by this log; an optional
 // absolute expiry, and a tombstone flag for deletes.
 //
 //	flags:1 index:8 expireAtMs:8 value
@@ -88,6 +97,14 @@ func decodeRecord(b []byte) (record, error) {
 		ExpireAtMs: int64(binary.BigEndian.Uint64(b[9:])),
 		Value:      b[recordHeader:],
 	}, nil
+}
+
+// stampIndex returns a copy of an encoded record with its index replaced;
+// everything else is kept byte for byte. b must be a decodable record.
+func stampIndex(b []byte, index uint64) []byte {
+	out := slices.Clone(b)
+	binary.BigEndian.PutUint64(out[1:], index)
+	return out
 }
 
 // live reports whether the record is a value visible at time nowMs.

@@ -119,10 +119,18 @@ func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 		if !bytes.HasPrefix(kv.Key, prefix) || len(kv.Key) <= len(prefix) {
 			return fmt.Errorf("chunk key outside shard %d", s), nil
 		}
-		if err := a.set(kv.Key, kv.Record); err != nil {
+		val := kv.Record
+		if kv.Key[len(prefix)] == tagData {
+			if _, err := decodeRecord(val); err == nil {
+				// The source's index means nothing in this log: stamp this
+				// entry's, from which the tombstone purge ages the record.
+				val = stampIndex(val, a.index)
+			}
+		}
+		if err := a.set(kv.Key, val); err != nil {
 			return nil, err
 		}
-		if err := a.indexMoved(s, kv.Key, kv.Record); err != nil {
+		if err := a.indexMoved(s, kv.Key, val); err != nil {
 			return nil, err
 		}
 		if kv.Key[len(prefix)] == tagData {
