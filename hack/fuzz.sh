@@ -41,6 +41,22 @@ deadline_race() {
   [ "$(corpus "$pkg" "$fn")" = "$before" ]
 }
 
+# progress OUT: the last progress line's execs, elapsed time and rate.
+progress() {
+  local last el ex m sec
+  last=$(grep -E 'fuzz: elapsed' "$1" | tail -n 1 || true)
+  el=$(sed -nE 's/.*elapsed: ([0-9hms]+),.*/\1/p' <<<"$last")
+  ex=$(sed -nE 's/.*execs: ([0-9]+).*/\1/p' <<<"$last")
+  m=$(sed -nE 's/^([0-9]+)m.*/\1/p' <<<"$el")
+  sec=$(sed -nE 's/^([0-9]+m)?([0-9]+)s$/\2/p' <<<"$el")
+  sec=$(( ${m:-0} * 60 + ${sec:-0} ))
+  if [ -n "$ex" ] && [ "$sec" -gt 0 ]; then
+    echo "$ex execs in ${sec}s ($((ex / sec)) execs/s on average)"
+  else
+    echo "execs unknown (no progress line)"
+  fi
+}
+
 # corpus PKG FN: the inputs under the target's testdata.
 corpus() { ls "$1/testdata/fuzz/$2" 2>/dev/null || true; }
 
@@ -51,17 +67,11 @@ while read -r pkg fn; do
   out=$(mktemp)
   before=$(corpus "$pkg" "$fn")
   if go test -run='^$' -fuzz="^${fn}\$" -fuzztime="$dur" "$pkg" >"$out" 2>&1; then
-    # The last progress line: execs and their rate.
-    last=$(grep -E 'fuzz: elapsed' "$out" | tail -n 1 || true)
-    el=$(sed -nE 's/.*elapsed: ([0-9]+)s.*/\1/p' <<<"$last")
-    ex=$(sed -nE 's/.*execs: ([0-9]+).*/\1/p' <<<"$last")
-    rate=""
-    [ -n "$el" ] && [ "${el:-0}" -gt 0 ] && rate=" ($((ex / el)) execs/s on average)"
-    echo "fuzz: $fn ok in $((SECONDS - t0))s: ${ex:-?} execs in ${el:-?}s${rate}"
+    echo "fuzz: $fn ok in $((SECONDS - t0))s: $(progress "$out")"
   elif deadline_race "$out" "$pkg" "$fn" "$before" && go test -count=1 -run="^${fn}\$" "$pkg" >/dev/null 2>&1; then
     # Not a finding: the committed inputs replay clean, and no new one was
     # written. Said, so that it shows.
-    echo "fuzz: $fn ok in $((SECONDS - t0))s, but the run ended in Go's fuzzing deadline race (golang/go#75804: 'context deadline exceeded', no failing input written); its committed inputs replay clean"
+    echo "fuzz: $fn ok in $((SECONDS - t0))s: $(progress "$out"); the run ended in Go's fuzzing deadline race (golang/go#75804: 'context deadline exceeded', no failing input written); its committed inputs replay clean"
   else
     echo "fuzz: $fn FAILED after $((SECONDS - t0))s:" >&2
     tail -n 40 "$out" >&2

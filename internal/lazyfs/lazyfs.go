@@ -26,6 +26,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -44,6 +45,7 @@ type FS struct {
 	syncErr  syscall.Errno // fsyncs fail with it while set
 	failN    int           // ... for this many more fsyncs (-1: all)
 	delay    time.Duration
+	delayOf  string // base-name pattern the delay applies to ("": all)
 	fsyncs   int64
 	restarts int
 }
@@ -107,6 +109,11 @@ func (f *FS) mount() error {
 		MountOptions: fuse.MountOptions{
 			FsName: "lazyfs", Name: "lazyfs", AllowOther: os.Geteuid() == 0,
 			DirectMount: os.Geteuid() == 0, MaxWrite: 1 << 20,
+			// Listings would carry the backing files' sizes, which the
+			// kernel takes as the files' sizes (a mapped file shorter
+			// than its mapping faults with SIGBUS).
+			DisableReadDirPlus: true, DisableXAttrs: true,
+			Debug: os.Getenv("LAZYFS_DEBUG") != "", // every FUSE operation, on stderr
 		},
 	}
 	srv, err := fs.Mount(f.dir, root, opts)
@@ -235,11 +242,18 @@ func (f *FS) FailSync(n int, errno syscall.Errno) {
 	f.failN, f.syncErr = n, errno
 }
 
-// DelaySync makes every fsync take at least d longer.
-func (f *FS) DelaySync(d time.Duration) {
+// DelaySync makes every fsync of a file whose base name matches pattern
+// (filepath.Match; "" matches every file and directory) take d longer: a
+// slow disk, or one slow kind of file (badger's tables: "*.sst") to hold
+// a window open.
+func (f *FS) DelaySync(pattern string, d time.Duration) error {
+	if _, err := filepath.Match(pattern, ""); err != nil {
+		return fmt.Errorf("lazyfs: delay pattern %q: %w", pattern, err)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.delay = d
+	f.delay, f.delayOf = d, pattern
+	return nil
 }
 
 // Stats reports counters since Mount.
@@ -267,12 +281,16 @@ func (f *FS) Stats() Stats {
 	return s
 }
 
-// beforeSync applies the fsync faults; it returns the errno to answer.
-func (m *mount) beforeSync(ctx context.Context) syscall.Errno {
+// beforeSync applies the fsync faults to the file or directory at path;
+// it returns the errno to answer.
+func (m *mount) beforeSync(ctx context.Context, path string) syscall.Errno {
 	f := m.fs
 	f.mu.Lock()
 	f.fsyncs++
 	delay := f.delay
+	if ok, _ := filepath.Match(f.delayOf, filepath.Base(path)); f.delayOf != "" && !ok {
+		delay = 0
+	}
 	var errno syscall.Errno
 	if f.failN != 0 {
 		errno = f.syncErr

@@ -18,6 +18,7 @@ type node struct {
 }
 
 var (
+	_ fs.NodeLookuper  = (*node)(nil)
 	_ fs.NodeOpener    = (*node)(nil)
 	_ fs.NodeCreater   = (*node)(nil)
 	_ fs.NodeGetattrer = (*node)(nil)
@@ -29,6 +30,16 @@ var (
 
 func (n *node) backingPath() string {
 	return filepath.Join(n.RootData.Path, n.Path(n.Root()))
+}
+
+// Lookup answers with the size readers see: the kernel takes it as the
+// file's.
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	ch, errno := n.LoopbackNode.Lookup(ctx, name, out)
+	if errno == 0 {
+		n.m.fixSize(filepath.Join(n.backingPath(), name), &out.Attr)
+	}
+	return ch, errno
 }
 
 // Open opens the backing file; O_TRUNC is recorded in the overlay, not
@@ -67,6 +78,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
+	n.m.fixSize(filepath.Join(n.backingPath(), name), &out.Attr)
 	return ch, f, 0, 0
 }
 
@@ -77,24 +89,29 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	if errno := n.LoopbackNode.Getattr(ctx, fh, out); errno != 0 {
 		return errno
 	}
-	if out.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return 0
+	n.m.fixSize(n.backingPath(), &out.Attr)
+	return 0
+}
+
+// fixSize sets a regular file's size in attr to the size readers see.
+func (m *mount) fixSize(path string, attr *fuse.Attr) {
+	if attr.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return
 	}
 	var st unix.Stat_t
-	if err := unix.Lstat(n.backingPath(), &st); err != nil {
-		return fs.ToErrno(err)
+	if err := unix.Lstat(path, &st); err != nil {
+		return
 	}
-	n.m.mu.Lock()
-	o := n.m.overlays[st.Ino]
-	n.m.mu.Unlock()
+	m.mu.Lock()
+	o := m.overlays[st.Ino]
+	m.mu.Unlock()
 	if o != nil {
 		o.mu.Lock()
 		if o.sized {
-			out.Size = uint64(o.size)
+			attr.Size = uint64(o.size)
 		}
 		o.mu.Unlock()
 	}
-	return 0
 }
 
 func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
@@ -142,7 +159,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedd
 
 // Fsync makes a file's data durable; a directory's entries already are.
 func (n *node) Fsync(ctx context.Context, fh fs.FileHandle, flags uint32) syscall.Errno {
-	if errno := n.m.beforeSync(ctx); errno != 0 {
+	if errno := n.m.beforeSync(ctx, n.backingPath()); errno != 0 {
 		return errno
 	}
 	if f, ok := fh.(*file); ok {
