@@ -253,6 +253,9 @@ func (r *Replica) init() error {
 	if err := r.finishPendingRestore(); err != nil {
 		return err
 	}
+	if err := r.checkDurable(fresh); err != nil {
+		return err
+	}
 	if err := r.loadMembers(); err != nil {
 		return err
 	}
