@@ -49,13 +49,16 @@ func memberKey(id uint64) []byte {
 type logStorage struct {
 	db *badger.DB
 
-	mu        sync.RWMutex
-	hard      *pb.HardState
-	snap      *pb.Snapshot // marker: metadata only, Data is empty
-	compacted struct{ index, term uint64 }
-	last      uint64
-	tail      []*pb.Entry // contiguous, ends at last; may be empty
-	tailBytes int
+	mu   sync.RWMutex
+	hard *pb.HardState
+	// hardPending: hard differs from the stored one by its commit index
+	// only (see save).
+	hardPending bool
+	snap        *pb.Snapshot // marker: metadata only, Data is empty
+	compacted   struct{ index, term uint64 }
+	last        uint64
+	tail        []*pb.Entry // contiguous, ends at last; may be empty
+	tailBytes   int
 
 	syncs func() // called after every fsync, for counters
 }
@@ -235,18 +238,37 @@ func (s *logStorage) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
 	return out, nil
 }
 
-// save persists one Ready's hard state and entries in one write batch, then
-// fsyncs once if sync is set. This is the engine's durability point: nothing
+// save persists one Ready's hard state and entries in one write batch,
+// durable when it returns (badger's SyncWrites; the explicit sync is the
+// same again, nearly free). This is the engine's durability point: nothing
 // from this Ready is sent or applied before it returns.
+//
+// A hard state that only moved the commit index, with no entries (raft
+// asks no sync for it), is kept in memory and written with the next
+// write: alone it would cost a sync, and a commit index lost in a crash is
+// learned again from the leader (raft restarts from the applied index,
+// which is at most the persisted commit).
 func (s *logStorage) save(hs *pb.HardState, ents []*pb.Entry, sync bool) error {
-	if (hs == nil || raft.IsEmptyHardState(hs)) && len(ents) == 0 {
+	hasHS := hs != nil && !raft.IsEmptyHardState(hs)
+	if !hasHS && len(ents) == 0 {
 		return nil
 	}
+	if !sync && len(ents) == 0 {
+		s.mu.Lock()
+		s.hard, s.hardPending = proto.Clone(hs).(*pb.HardState), true
+		s.mu.Unlock()
+		return nil
+	}
+	s.mu.RLock()
+	if !hasHS && s.hardPending {
+		hs, hasHS = proto.Clone(s.hard).(*pb.HardState), true
+	}
+	s.mu.RUnlock()
 	wb := s.db.NewWriteBatch()
 	defer wb.Cancel()
 	// The hard state goes first: a batch split by badger keeps a prefix on a
 	// crash, and entries of a term must never be durable without that term.
-	if hs != nil && !raft.IsEmptyHardState(hs) {
+	if hasHS {
 		if err := wb.Set(keyHardState, mustMarshal(hs)); err != nil {
 			return err
 		}
@@ -281,8 +303,8 @@ func (s *logStorage) save(hs *pb.HardState, ents []*pb.Entry, sync bool) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if hs != nil && !raft.IsEmptyHardState(hs) {
-		s.hard = proto.Clone(hs).(*pb.HardState)
+	if hasHS {
+		s.hard, s.hardPending = proto.Clone(hs).(*pb.HardState), false
 	}
 	if len(ents) > 0 {
 		first := ents[0].GetIndex()
@@ -310,13 +332,32 @@ func (s *logStorage) save(hs *pb.HardState, ents []*pb.Entry, sync bool) error {
 
 // setSnapshot records a new snapshot marker; the state machine must already
 // hold (durably) every entry up to its index.
+//
+// raft restarts from the marker's index as applied, which must not pass the
+// stored commit index: a commit index kept in memory only (see save) is
+// written with the marker.
 func (s *logStorage) setSnapshot(meta *pb.SnapshotMetadata) error {
 	snap := &pb.Snapshot{Metadata: proto.Clone(meta).(*pb.SnapshotMetadata)}
-	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Set(keySnapshot, mustMarshal(snap)) }); err != nil {
+	s.mu.RLock()
+	pending := s.hardPending
+	hs := proto.Clone(s.hard).(*pb.HardState)
+	s.mu.RUnlock()
+	err := s.db.Update(func(txn *badger.Txn) error {
+		if pending {
+			if err := txn.Set(keyHardState, mustMarshal(hs)); err != nil {
+				return err
+			}
+		}
+		return txn.Set(keySnapshot, mustMarshal(snap))
+	})
+	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.snap = snap
+	if pending && proto.Equal(s.hard, hs) {
+		s.hardPending = false
+	}
 	s.mu.Unlock()
 	return nil
 }
@@ -411,7 +452,7 @@ func (s *logStorage) applySnapshot(snap *pb.Snapshot) error {
 	s.syncs()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.hard = hs
+	s.hard, s.hardPending = hs, false
 	s.snap = marker
 	s.compacted.index, s.compacted.term = meta.GetIndex(), meta.GetTerm()
 	s.last = meta.GetIndex()
