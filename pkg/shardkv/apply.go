@@ -239,11 +239,24 @@ func (a *applyCtx) apply(cmd *shardkvpb.GroupCommand) (any, error) {
 	case cmd.DeleteChunk != nil:
 		return a.deleteChunk(cmd.DeleteChunk)
 	case cmd.ExpireSessions:
-		return nil, a.expire()
+		return a.expire()
 	case cmd.ExpireKeys:
 		return a.expireKeys()
 	}
 	return errors.New("empty command"), nil
+}
+
+// room makes sure the open transaction can take b more, the most the
+// current entry writes: if the entries before it in the transaction leave
+// less, they are committed first. Apply commits only past 1 MiB, so up to
+// that much may be there when an entry starts; where a batch is cut into
+// transactions does not change the state.
+func (a *applyCtx) room(b budget) error {
+	lim := a.sm.txnMax
+	if a.last != 0 && (a.used.records+b.records+commitRecords >= lim.records || a.used.bytes+b.bytes+commitCost >= lim.bytes) {
+		return a.commit(false)
+	}
+	return nil
 }
 
 // writes applies a write command: all its ops, or, if their records do
@@ -278,11 +291,8 @@ func (a *applyCtx) writes(cmd *shardkvpb.GroupCommand) (any, error) {
 		}
 		return out, nil
 	}
-	lim := a.sm.txnMax
-	if a.last != 0 && (a.used.records+b.size.records+commitRecords >= lim.records || a.used.bytes+b.size.bytes+commitCost >= lim.bytes) {
-		if err := a.commit(false); err != nil {
-			return nil, err
-		}
+	if err := a.room(b.size); err != nil {
+		return nil, err
 	}
 	for _, k := range b.order {
 		w := b.m[k]

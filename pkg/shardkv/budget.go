@@ -52,6 +52,30 @@ const (
 	maxFloatValue = 400
 )
 
+// Entries other than write commands that write records of user keys (key
+// expiry, session expiry with the tombstone purge, GC chunks) are bounded
+// per entry in bytes as well as in keys: keys may be 64 KB, and a thousand
+// of them with their index entries are over 100 MB, far past one
+// transaction (Apply would fail on every replica). Each such entry stops
+// before the key whose writes would take it past maintBytes, as badger
+// counts them (recordCost); its first key always goes, so every entry makes
+// progress, and the next entry of its kind goes on from there.
+//
+// maintMax is the most one of them writes: maintBytes, or one key's work
+// alone (at most a record below badger's value threshold: a legacy
+// tombstone the purge stamps), plus the session expiry beside the purge
+// (DeleteChunkKeys × 2 short records) and a shard meta or the purge cursor
+// carrying one key. Expiring a key is 4 records, the rest 2 per key.
+const (
+	maintBytes      = 512 << 10
+	maintMaxRecords = 4*max(DeleteChunkKeys, ExpireKeysBatch) + 8
+	maintMaxBytes   = valueInline + 256<<10
+)
+
+// metaMaxBytes bounds an encoded ShardMeta: JSON, its Resume key (at most
+// badgerMaxKey bytes) in base64, and the other fields.
+const metaMaxBytes = 4*(badgerMaxKey+2)/3 + 512
+
 // recordCost is a record's size as badger counts it toward a transaction
 // (Entry.estimateSize plus the version), at most; a delete has no value.
 func recordCost(key, value int) int {

@@ -29,6 +29,23 @@ func (a *applyCtx) nextConfig(next *shardkvpb.Config) (any, error) {
 	if busy := a.busyShards(); len(busy) > 0 {
 		return fmt.Errorf("shards still moving: %v", busy), nil
 	}
+	b, err := proto.Marshal(next)
+	if err != nil {
+		return nil, err
+	}
+	pb, _ := proto.Marshal(cur)
+	// The step stores both configs (up to the controller's 1 MiB each, in
+	// full below badger's value threshold) and the shards' new states:
+	// the entries before it in the transaction may have to be committed
+	// first.
+	size := budget{}
+	size.add(len(keyConfig), len(b))
+	size.add(len(keyPrev), len(pb))
+	type step struct {
+		s int
+		m ShardMeta
+	}
+	var steps []step
 	gid := a.sm.gid
 	for s, newOwner := range next.Shards {
 		var oldOwner uint64
@@ -48,15 +65,17 @@ func (a *applyCtx) nextConfig(next *shardkvpb.Config) (any, error) {
 		default:
 			continue
 		}
-		if err := a.setMeta(s, m); err != nil {
+		steps = append(steps, step{s, m})
+		size.add(len(shardMetaKey(s)), 256) // a meta without a resume key
+	}
+	if err := a.room(size); err != nil {
+		return nil, err
+	}
+	for _, st := range steps {
+		if err := a.setMeta(st.s, st.m); err != nil {
 			return nil, err
 		}
 	}
-	b, err := proto.Marshal(next)
-	if err != nil {
-		return nil, err
-	}
-	pb, _ := proto.Marshal(cur)
 	if err := a.set(keyConfig, b); err != nil {
 		return nil, err
 	}

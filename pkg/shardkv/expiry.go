@@ -20,9 +20,17 @@ const SessionTTL = time.Hour
 // "changes since index i"; nothing reads them older than this.
 const TombstoneTTL = 100_000
 
+// moreWork is the result of an expiry entry that stopped at its bounds
+// with work left: the leader proposes the next one at once instead of a
+// period later.
+type moreWork bool
+
 // expire drops sessions idle past SessionTTL, found through their index,
 // and purges tombstones older than TombstoneTTL entries (purgeTombstones).
-func (a *applyCtx) expire() error {
+func (a *applyCtx) expire() (any, error) {
+	if err := a.room(budget{maintMaxRecords, maintMaxBytes}); err != nil {
+		return nil, err
+	}
 	cutoff := a.nowNS - int64(SessionTTL)
 	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'e'}})
 	var dead [][]byte
@@ -38,24 +46,27 @@ func (a *applyCtx) expire() error {
 		s := int(k[9])<<8 | int(k[10])
 		client := binary.BigEndian.Uint64(k[11:19])
 		if err := a.del(k); err != nil {
-			return err
+			return nil, err
 		}
 		if err := a.del(sessionKey(s, client)); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return a.purgeTombstones()
+	more, err := a.purgeTombstones()
+	if err != nil {
+		return nil, err
+	}
+	return moreWork(more || len(dead) == DeleteChunkKeys), nil
 }
 
 // One expiry entry examines at most TombstoneScanKeys tombstone index
 // entries (each costs a record read), or tombstoneScanBytes of their keys,
-// and changes at most DeleteChunkKeys tombstones, or tombstonePurgeBytes of
-// keys and values: user keys may be up to 64 KB, and 1,000 such purges
-// would pass badger's transaction limit (2.4 MiB) and stop every replica.
+// and changes at most DeleteChunkKeys tombstones, or maintBytes of writes:
+// user keys may be up to 64 KB, and 1,000 such purges would pass badger's
+// transaction limit (2.4 MiB) and stop every replica.
 const (
-	TombstoneScanKeys   = 4 * DeleteChunkKeys
-	tombstoneScanBytes  = 4 << 20
-	tombstonePurgeBytes = 512 << 10
+	TombstoneScanKeys  = 4 * DeleteChunkKeys
+	tombstoneScanBytes = 4 << 20
 )
 
 // purgeTombstones deletes tombstones written more than TombstoneTTL entries
@@ -69,11 +80,11 @@ const (
 // applying them (insertChunk). A tombstone whose index is above the entry's
 // own can only have been imported with its source's index (before imports
 // were stamped): it is stamped now, and so purged TombstoneTTL entries
-// later.
-func (a *applyCtx) purgeTombstones() error {
+// later. more reports that it stopped at its bounds on changes.
+func (a *applyCtx) purgeTombstones() (more bool, err error) {
 	cursor, err := a.value(keyTombCursor)
 	if err != nil {
-		return fmt.Errorf("read tombstone cursor: %w", err)
+		return false, fmt.Errorf("read tombstone cursor: %w", err)
 	}
 	keys, whole := a.tombstoneScan(cursor)
 	var before uint64
@@ -83,49 +94,57 @@ func (a *applyCtx) purgeTombstones() error {
 	changed, changedBytes := 0, 0
 	var last []byte // the last entry examined: the next entry starts after it
 	for _, tk := range keys {
-		if changed >= DeleteChunkKeys || changedBytes >= tombstonePurgeBytes {
-			whole = false
+		if changed >= DeleteChunkKeys {
+			whole, more = false, true
 			break
 		}
-		last = tk
 		s := int(tk[1])<<8 | int(tk[2])
 		dk := dataKey(s, tk[3:])
 		v, err := a.value(dk)
 		if err != nil {
-			return fmt.Errorf("read tombstone %q: %w", dk, err)
+			return false, fmt.Errorf("read tombstone %q: %w", dk, err)
 		}
-		if v == nil {
-			continue // a stale index entry (cannot happen): left alone
-		}
+		// A stale index entry (no record, or not a tombstone: cannot
+		// happen) is left alone and never deletes a value; a record that
+		// does not decode is kept as it is, as every write to it
+		// (BAD_RECORD).
 		rec, err := decodeRecord(v)
-		if err != nil {
-			continue // kept as it is, as every write to it (BAD_RECORD)
-		}
+		stamp := err == nil && rec.Tombstone && rec.Index > a.index
+		purge := err == nil && rec.Tombstone && !stamp && rec.Index < before
+		cost := 0
 		switch {
-		case !rec.Tombstone:
-			// A stale index entry again; never deletes a value.
-		case rec.Index > a.index:
-			if err := a.set(dk, stampIndex(v, a.index)); err != nil {
-				return err
-			}
-			changed, changedBytes = changed+1, changedBytes+len(dk)+len(v)
-		case rec.Index < before:
-			if err := a.del(dk); err != nil {
-				return err
-			}
-			if err := a.del(tk); err != nil {
-				return err
-			}
-			changed, changedBytes = changed+1, changedBytes+len(dk)+len(tk)
+		case stamp:
+			cost = recordCost(len(dk), len(v))
+		case purge:
+			cost = recordCost(len(dk), 0) + recordCost(len(tk), 0)
 		}
+		if changed > 0 && changedBytes+cost > maintBytes {
+			whole, more = false, true
+			break // tk is examined again by the next entry
+		}
+		last = tk
+		switch {
+		case stamp:
+			err = a.set(dk, stampIndex(v, a.index))
+		case purge:
+			if err = a.del(dk); err == nil {
+				err = a.del(tk)
+			}
+		default:
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		changed, changedBytes = changed+1, changedBytes+cost
 	}
 	switch {
 	case !whole:
-		return a.set(keyTombCursor, last)
+		return more, a.set(keyTombCursor, last)
 	case cursor != nil:
-		return a.del(keyTombCursor) // swept it all: start over next time
+		return more, a.del(keyTombCursor) // swept it all: start over next time
 	}
-	return nil
+	return more, nil
 }
 
 // tombstoneScan returns tombstone index keys in sweep order, after cursor
@@ -165,8 +184,17 @@ func (a *applyCtx) tombstoneScan(cursor []byte) (keys [][]byte, whole bool) {
 	return keys, true
 }
 
-// ExpireKeysBatch bounds the keys one expiry entry deletes.
+// ExpireKeysBatch bounds the keys one expiry entry deletes (and maintBytes
+// what it writes).
 const ExpireKeysBatch = 1000
+
+// expireCost is the most expiring a key of keyLen bytes writes: its
+// tombstone, its tombstone index entry, and two deletes of its expiry index
+// entry (putRecord's and expireKeys' own; badger counts both).
+func expireCost(keyLen int) int {
+	return recordCost(len(dataKey(0, nil))+keyLen, recordHeader) + recordCost(len(tombstoneKey(0, nil))+keyLen, 0) +
+		2*recordCost(longestKeyPrefix+keyLen, 0)
+}
 
 // expiresKey is the expiry index entry of a key that has an expiry.
 func expiresKey(atMs int64, s int, key []byte) []byte {
@@ -179,6 +207,9 @@ func expiresKey(atMs int64, s int, key []byte) []byte {
 // its data unchanged for the new owner, which expires those keys itself. It
 // returns how many it deleted.
 func (a *applyCtx) expireKeys() (any, error) {
+	if err := a.room(budget{maintMaxRecords, maintMaxBytes}); err != nil {
+		return nil, err
+	}
 	nowMs := a.nowNS / 1e6
 	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'x'}})
 	type due struct {
@@ -188,9 +219,9 @@ func (a *applyCtx) expireKeys() (any, error) {
 		at    int64
 	}
 	var dues []due
-	scanned := 0
+	scanned, cost := 0, 0
 	for it.Rewind(); it.Valid() && len(dues) < ExpireKeysBatch && scanned < 4*ExpireKeysBatch; it.Next() {
-		k := it.Item().KeyCopy(nil)
+		k := it.Item().Key()
 		at := int64(binary.BigEndian.Uint64(k[1:9]))
 		if at > nowMs {
 			break
@@ -200,6 +231,12 @@ func (a *applyCtx) expireKeys() (any, error) {
 		if !serves(a.meta(s)) {
 			continue
 		}
+		c := expireCost(len(k) - longestKeyPrefix)
+		if len(dues) > 0 && cost+c > maintBytes {
+			break // the next entry goes on: the leader sees keys still due
+		}
+		cost += c
+		k = it.Item().KeyCopy(nil)
 		dues = append(dues, due{xk: k, shard: s, key: k[11:], at: at})
 	}
 	it.Close()

@@ -2,6 +2,7 @@ package shardkv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -84,14 +85,28 @@ func (g *Group) run() {
 				g.spawn(lead.ctx, tasks, taskDone, "expire-keys", func(ctx context.Context) {
 					ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 					defer cancel()
-					g.propose(ctx, &shardkvpb.GroupCommand{ExpireKeys: true})
+					// One entry deletes at most ExpireKeysBatch keys and
+					// maintBytes (a few long keys): go on while it deleted
+					// some and more are due.
+					for {
+						res, err := g.propose(ctx, &shardkvpb.GroupCommand{ExpireKeys: true})
+						if n, _ := res.(int); err != nil || n == 0 || !g.sm.expiryDue(time.Now().UnixMilli()) {
+							return
+						}
+					}
 				})
 			}
 		}
-		if time.Since(lastExpire) >= g.cfg.ExpireEvery {
+		if _, running := tasks["expire"]; !running && time.Since(lastExpire) >= g.cfg.ExpireEvery {
 			lastExpire = time.Now()
 			g.spawn(lead.ctx, tasks, taskDone, "expire", func(ctx context.Context) {
-				g.propose(ctx, &shardkvpb.GroupCommand{ExpireSessions: true})
+				// Go on while an entry stopped at its bounds with work left.
+				for {
+					res, err := g.propose(ctx, &shardkvpb.GroupCommand{ExpireSessions: true})
+					if more, _ := res.(moreWork); err != nil || !bool(more) {
+						return
+					}
+				}
 			})
 		}
 		// Step to the next config when nothing is moving.
@@ -232,7 +247,9 @@ func (g *Group) pull(ctx context.Context, s int, m ShardMeta) {
 						}
 					}
 					last := chunk.Last && i == len(pieces)-1
-					if err := g.install(ctx, s, m, at, kvs, last, chunk.TotalKeys); err != nil {
+					if err := g.install(ctx, s, m, at, kvs, last, chunk.TotalKeys); errors.Is(err, errChunkCut) {
+						return nil // installed up to the log's resume point: pull again from there
+					} else if err != nil {
 						return err
 					}
 				}

@@ -108,6 +108,15 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 // insertChunk installs one chunk of a shard being pulled. Duplicates, stale
 // chunks and chunks for another config are ignored, so the puller may retry
 // freely.
+//
+// One install entry writes at most what one write command may (EntryMaxBytes,
+// EntryMaxRecords), its records with their index entries: the puller's
+// pieces (installPieces: ChunkLimit of records, or one larger record) always
+// fit, but a larger entry would pass badger's transaction limit and stop
+// every replica. Apply installs the records that fit (at least one), moves
+// the resume point after them and returns errChunkCut: the puller pulls
+// again from there, since its next piece would follow the records cut off,
+// and is refused (errStaleChunk).
 func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 	s := int(c.Shard)
 	m := a.meta(s)
@@ -115,10 +124,26 @@ func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 		return errStaleChunk, nil
 	}
 	prefix := shardPrefix(s)
+	// Checked before anything is written: a refused chunk leaves nothing.
 	for _, kv := range c.Kvs {
-		if !bytes.HasPrefix(kv.Key, prefix) || len(kv.Key) <= len(prefix) {
-			return fmt.Errorf("chunk key outside shard %d", s), nil
+		if err := checkMoved(s, kv); err != nil {
+			return err, nil
 		}
+	}
+	n, size := 0, budget{records: 1, bytes: recordCost(len(shardMetaKey(s)), metaMaxBytes)}
+	for _, kv := range c.Kvs {
+		next := size
+		next.add(len(kv.Key), len(kv.Record))
+		next.add(len(kv.Key)+indexKeyExtra, 0) // its index entry, at most
+		if n > 0 && !next.fits() {
+			break
+		}
+		n, size = n+1, next
+	}
+	if err := a.room(size); err != nil {
+		return nil, err
+	}
+	for _, kv := range c.Kvs[:n] {
 		val := kv.Record
 		if kv.Key[len(prefix)] == tagData {
 			if _, err := decodeRecord(val); err == nil {
@@ -128,10 +153,12 @@ func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 			}
 		}
 		if err := a.set(kv.Key, val); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("install %d-byte key: %w", len(kv.Key), err)
 		}
-		if err := a.indexMoved(s, kv.Key, val); err != nil {
-			return nil, err
+		if ik := indexKey(s, kv.Key, val); ik != nil {
+			if err := a.set(ik, nil); err != nil {
+				return nil, fmt.Errorf("index %d-byte key: %w", len(kv.Key), err)
+			}
 		}
 		if kv.Key[len(prefix)] == tagData {
 			m.Keys++
@@ -140,11 +167,14 @@ func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 		m.Bytes += uint64(len(kv.Key) + len(kv.Record))
 		a.sm.MigratedBytes.Add(uint64(len(kv.Key) + len(kv.Record)))
 	}
-	if n := len(c.Kvs); n > 0 {
+	if n > 0 {
 		m.Resume, m.Resumed = c.Kvs[n-1].Key, true
 	}
 	if c.TotalKeys > 0 {
 		m.Total = c.TotalKeys
+	}
+	if n < len(c.Kvs) {
+		return errChunkCut, a.setMeta(s, m)
 	}
 	if c.Last {
 		m = ShardMeta{State: Acking, Config: m.Config, Peer: m.Peer, Keys: m.Keys, Bytes: m.Bytes, Total: c.TotalKeys}
@@ -152,29 +182,56 @@ func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 	return nil, a.setMeta(s, m)
 }
 
-var errStaleChunk = errors.New("stale or duplicate chunk")
+var (
+	errStaleChunk = errors.New("stale or duplicate chunk")
+	errChunkCut   = errors.New("install entry cut at the write budget: pull again from the shard's resume point")
+)
 
-// indexMoved rebuilds the expiry and tombstone indexes for a record that
-// arrived with its shard.
-func (a *applyCtx) indexMoved(s int, raw, val []byte) error {
+// checkMoved refuses a received record this group could not store with its
+// index entry: outside shard s, or past badger's key or value limits. A
+// source stores none of these (its badger has the same limits).
+func checkMoved(s int, kv *shardkvpb.KeyValue) error {
+	prefix := shardPrefix(s)
+	switch {
+	case !bytes.HasPrefix(kv.Key, prefix) || len(kv.Key) <= len(prefix):
+		return fmt.Errorf("chunk key outside shard %d", s)
+	case len(kv.Key) > badgerMaxKey:
+		return fmt.Errorf("chunk key of %d bytes in shard %d exceeds the limit of %d", len(kv.Key), s, badgerMaxKey)
+	case len(kv.Record) > MaxValueBytesLimit+2*recordHeader:
+		return fmt.Errorf("chunk record of %d bytes in shard %d exceeds the limit of %d", len(kv.Record), s, MaxValueBytesLimit+2*recordHeader)
+	}
+	if ik := indexKey(s, kv.Key, kv.Record); len(ik) > badgerMaxKey {
+		return fmt.Errorf("chunk key of %d bytes in shard %d: its index entry exceeds the key limit of %d", len(kv.Key), s, badgerMaxKey)
+	}
+	return nil
+}
+
+// indexKeyExtra is how much longer an index entry's key may be than its
+// record's: 'x' expireAt:8 shard:2 key against 'd' shard:2 'k' key, and
+// 'e' lastNS:8 shard:2 client:8 against 'd' shard:2 's' client:8.
+const indexKeyExtra = longestKeyPrefix - 4
+
+// indexKey is the index entry of a shard record (raw key and value): the
+// session expiry entry, the tombstone entry or the key expiry entry; nil if
+// it has none, or does not decode (kept as it is, without one, as at the
+// source: every write to it gets BAD_RECORD).
+func indexKey(s int, raw, val []byte) []byte {
 	tag, rest := raw[3], raw[4:]
 	switch tag {
 	case tagSession:
 		sess, err := decodeSession(val)
-		if err != nil {
-			return err
+		if err != nil || len(rest) != 8 {
+			return nil
 		}
-		return a.set(expiryKey(sess.LastNS, s, binary.BigEndian.Uint64(rest)), nil)
+		return expiryKey(sess.LastNS, s, binary.BigEndian.Uint64(rest))
 	case tagData:
 		r, err := decodeRecord(val)
-		if err != nil {
-			return err
-		}
-		if r.Tombstone {
-			return a.set(tombstoneKey(s, rest), nil)
-		}
-		if r.ExpireAtMs != 0 {
-			return a.set(expiresKey(r.ExpireAtMs, s, rest), nil)
+		switch {
+		case err != nil:
+		case r.Tombstone:
+			return tombstoneKey(s, rest)
+		case r.ExpireAtMs != 0:
+			return expiresKey(r.ExpireAtMs, s, rest)
 		}
 	}
 	return nil
@@ -199,16 +256,22 @@ func (a *applyCtx) startGC(r *shardkvpb.ShardRef) (any, error) {
 	return nil, a.setMeta(s, ShardMeta{State: GCing, Config: m.Config, Peer: m.Peer})
 }
 
-// deleteChunk deletes up to DeleteChunkKeys keys of a GCing shard, in key
-// order (the same keys on every replica); the last chunk ends the GC.
+// deleteChunk deletes up to DeleteChunkKeys keys of a GCing shard, or
+// maintBytes of deletes with their index entries (long keys), in key order
+// (the same keys on every replica); the last chunk ends the GC.
 func (a *applyCtx) deleteChunk(r *shardkvpb.ShardRef) (any, error) {
 	s := int(r.Shard)
 	m := a.meta(s)
 	if m.State != GCing || m.Config != r.ConfigNum {
 		return nil, nil
 	}
+	if err := a.room(budget{maintMaxRecords, maintMaxBytes}); err != nil {
+		return nil, err
+	}
 	prefix := shardPrefix(s)
-	var keys, vals [][]byte
+	type doomed struct{ key, index []byte }
+	var dels []doomed
+	cost := 0
 	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: false})
 	// Start after the previous chunk: from the shard's start, the iterator
 	// would step over the delete markers of every key deleted so far, which
@@ -217,46 +280,38 @@ func (a *applyCtx) deleteChunk(r *shardkvpb.ShardRef) (any, error) {
 	if m.Resumed {
 		it.Seek(m.Resume)
 	}
-	for ; it.Valid() && len(keys) < DeleteChunkKeys; it.Next() {
-		k := it.Item().KeyCopy(nil)
-		keys = append(keys, k)
-		var v []byte
-		if k[3] == tagSession || k[3] == tagData {
-			var err error
-			if v, err = it.Item().ValueCopy(nil); err != nil {
+	for ; it.Valid() && len(dels) < DeleteChunkKeys; it.Next() {
+		item := it.Item()
+		// The key's delete and its index entry's, at most this long.
+		c := recordCost(len(item.Key()), 0) + recordCost(len(item.Key())+indexKeyExtra, 0)
+		if len(dels) > 0 && cost+c > maintBytes {
+			break
+		}
+		cost += c
+		d := doomed{key: item.KeyCopy(nil)}
+		if t := d.key[3]; t == tagSession || t == tagData {
+			// Only the index entry is kept, not the value (up to 32 MiB).
+			if err := item.Value(func(v []byte) error {
+				d.index = indexKey(s, d.key, v)
+				return nil
+			}); err != nil {
 				it.Close()
-				return nil, err
+				return nil, fmt.Errorf("read %d-byte key of shard %d: %w", len(d.key), s, err)
 			}
 		}
-		vals = append(vals, v)
+		dels = append(dels, d)
 	}
 	more := it.Valid()
 	it.Close()
-	for i, k := range keys {
-		if err := a.del(k); err != nil {
+	for _, d := range dels {
+		if err := a.del(d.key); err != nil {
 			return nil, err
 		}
-		if k[3] == tagData {
+		if d.key[3] == tagData {
 			a.sm.GCKeys.Add(1)
 		}
-		switch k[3] {
-		case tagSession:
-			if sess, err := decodeSession(vals[i]); err == nil {
-				if err := a.del(expiryKey(sess.LastNS, s, binary.BigEndian.Uint64(k[4:]))); err != nil {
-					return nil, err
-				}
-			}
-		case tagData:
-			rec, err := decodeRecord(vals[i])
-			if err != nil {
-				break
-			}
-			if rec.Tombstone {
-				err = a.del(tombstoneKey(s, k[4:]))
-			} else if rec.ExpireAtMs != 0 {
-				err = a.del(expiresKey(rec.ExpireAtMs, s, k[4:]))
-			}
-			if err != nil {
+		if d.index != nil {
+			if err := a.del(d.index); err != nil {
 				return nil, err
 			}
 		}
@@ -264,8 +319,8 @@ func (a *applyCtx) deleteChunk(r *shardkvpb.ShardRef) (any, error) {
 	if !more {
 		return nil, a.setMeta(s, ShardMeta{})
 	}
-	if len(keys) > 0 {
-		m.Resume, m.Resumed = keys[len(keys)-1], true
+	if len(dels) > 0 {
+		m.Resume, m.Resumed = dels[len(dels)-1].key, true
 		return nil, a.setMeta(s, m)
 	}
 	return nil, nil
