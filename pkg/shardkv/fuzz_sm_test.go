@@ -193,6 +193,9 @@ func (g *logGen) log() []raftgroup.Entry {
 		switch g.intn(8) {
 		case 0:
 			g.now = g.now.Add(2 * time.Hour)
+			if g.intn(2) == 0 {
+				g.index += TombstoneTTL // tombstones come of age
+			}
 		case 1:
 			g.now = g.now.Add(-time.Second) // a new leader's clock behind
 		default:
@@ -252,11 +255,22 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 	if many {
 		n = 2000 * (1 + g.intn(16)) // past what one transaction holds, at times
 	}
+	// Many distinct keys of the largest size, half with an expiry soon: what
+	// expiry, purge and GC entries then delete by the dozen (bounded by
+	// badger's transaction size, not only by count).
+	long := !many && g.intn(16) == 14
+	if long {
+		n = 8 + g.intn(24)
+	}
 	for i := range n {
 		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(8)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
 			ReturnPrev: g.intn(3) == 0, KeepTtl: g.intn(5) == 0, Delta: int64(g.byte()) - 128, ExpectAbsent: g.intn(2) == 0}
 		if many {
 			op.Kind, op.Key = shardkvpb.WriteOp_Kind(i%3), fmt.Appendf(nil, "{0}m%d", i)
+		}
+		if long {
+			op.Kind = []shardkvpb.WriteOp_Kind{shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_DELETE}[g.intn(2)]
+			op.Key = fmt.Appendf(bytes.Repeat([]byte{'L'}, MaxKeyBytesLimit-6), "%06d", g.intn(4)*1000+i)
 		}
 		switch op.Kind {
 		case shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_CAS, shardkvpb.WriteOp_INCR_FLOAT:
