@@ -40,8 +40,10 @@ test:
 	echo "KUBEBUILDER_ASSETS=$$assets $(GO) test -race -count=1 -timeout 30m ./..."; \
 	KUBEBUILDER_ASSETS="$$assets" SHARDKV_REQUIRE_ENVTEST=1 $(GO) test -race -count=1 -timeout 30m ./...
 	@# Tests built only without the race detector (//go:build !race: 8 MiB
-	@# values under it take minutes).
+	@# values, and power cuts of badger in child processes, take minutes
+	@# under it).
 	$(GO) test -count=1 -timeout 10m -run 'LargeValue' ./pkg/shardkv/
+	$(GO) test -count=1 -timeout 15m -run 'PowerCut' ./pkg/raftgroup/
 
 ## fuzz: every Go fuzz target for FUZZTIME each (default 30s; CI runs
 ## this); a crash's input lands in the package's testdata/fuzz/.

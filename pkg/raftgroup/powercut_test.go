@@ -1,3 +1,9 @@
+//go:build !race
+
+// Built only without the race detector: its children are this test binary,
+// and badger under it made one seed take 8 minutes. `make test` runs it in
+// its non-race step.
+
 package raftgroup
 
 import (
