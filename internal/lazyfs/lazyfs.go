@@ -96,10 +96,7 @@ func (f *FS) mount() error {
 	}
 	m := &mount{fs: f, root: f.backing, overlays: map[uint64]*overlay{}, cutDone: make(chan struct{})}
 	lr := &fs.LoopbackRoot{Path: f.backing, Dev: uint64(st.Dev)}
-	lr.NewNode = func(r *fs.LoopbackRoot, _ *fs.Inode, _ string, _ *syscall.Stat_t) fs.InodeEmbedder {
-		return &node{LoopbackNode: fs.LoopbackNode{RootData: r}, m: m}
-	}
-	root := lr.NewNode(lr, nil, "", &st)
+	root := &node{LoopbackNode: fs.LoopbackNode{RootData: lr}, m: m}
 	lr.RootNode = root
 	zero := time.Duration(0)
 	opts := &fs.Options{

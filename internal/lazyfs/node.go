@@ -18,18 +18,27 @@ type node struct {
 }
 
 var (
-	_ fs.NodeLookuper  = (*node)(nil)
-	_ fs.NodeOpener    = (*node)(nil)
-	_ fs.NodeCreater   = (*node)(nil)
-	_ fs.NodeGetattrer = (*node)(nil)
-	_ fs.NodeSetattrer = (*node)(nil)
-	_ fs.NodeUnlinker  = (*node)(nil)
-	_ fs.NodeRenamer   = (*node)(nil)
-	_ fs.NodeFsyncer   = (*node)(nil)
+	_ fs.NodeLookuper    = (*node)(nil)
+	_ fs.NodeWrapChilder = (*node)(nil)
+	_ fs.NodeOpener      = (*node)(nil)
+	_ fs.NodeCreater     = (*node)(nil)
+	_ fs.NodeGetattrer   = (*node)(nil)
+	_ fs.NodeSetattrer   = (*node)(nil)
+	_ fs.NodeUnlinker    = (*node)(nil)
+	_ fs.NodeRenamer     = (*node)(nil)
+	_ fs.NodeFsyncer     = (*node)(nil)
 )
 
 func (n *node) backingPath() string {
 	return filepath.Join(n.RootData.Path, n.Path(n.Root()))
+}
+
+// WrapChild makes the loopback's new nodes ours.
+func (n *node) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbedder {
+	if ln, ok := ops.(*fs.LoopbackNode); ok {
+		return &node{LoopbackNode: fs.LoopbackNode{RootData: ln.RootData}, m: n.m}
+	}
+	return ops
 }
 
 // Lookup answers with the size readers see: the kernel takes it as the
@@ -134,10 +143,8 @@ func (n *node) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn
 		}
 		in.Valid &^= fuse.FATTR_SIZE
 	}
-	if fh != nil {
-		if _, ok := fh.(*file); ok {
-			fh = nil // the rest (modes, times) by path
-		}
+	if _, ok := fh.(*file); ok {
+		fh = nil // the rest (modes, times) by path
 	}
 	if errno := n.LoopbackNode.Setattr(ctx, fh, in, out); errno != 0 {
 		return errno
