@@ -207,6 +207,9 @@ func child(t *testing.T, mode, dir string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "RAFTGROUP_POWERCUT_CHILD="+mode, "RAFTGROUP_POWERCUT_DIR="+dir)
 	cmd.Stderr = os.Stderr
+	// The writer never stops by itself: it dies with the test, even one
+	// killed by go test's timeout.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	return cmd
 }
 
