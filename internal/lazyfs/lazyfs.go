@@ -151,31 +151,31 @@ func (f *FS) Cut(keep float64, rng *rand.Rand) (CutStats, error) {
 	}
 	m.cut = true
 	close(m.cutDone)
+	var paths map[uint64]string // backing paths by inode, walked once if pages are kept
+	if keep > 0 {
+		paths = inodePaths(m.root)
+	}
 	var firstErr error
 	for ino, o := range m.overlays {
 		o.mu.Lock()
 		if o.dirty() {
 			cs.Files++
-			n := len(o.pages)
 			kept := 0
-			if keep > 0 && n > 0 {
-				if fd, err := openIno(m.root, ino); err == nil {
-					k := coin(rng, keep)
-					err = o.persist(fd, func() bool {
-						if k() {
-							kept++
-							return true
-						}
-						return false
-					})
+			if p, ok := paths[ino]; ok && len(o.pages) > 0 {
+				fd, err := unix.Open(p, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+				if err == nil {
+					n := len(o.pages)
+					kept, err = o.persist(fd, func() bool { return rng.Float64() < keep })
+					cs.DroppedPage += n - kept
 					unix.Close(fd)
-					if err != nil && firstErr == nil {
-						firstErr = err
-					}
 				}
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+			} else {
+				cs.DroppedPage += len(o.pages)
 			}
 			cs.KeptPages += kept
-			cs.DroppedPage += n - kept
 		}
 		clear(o.pages)
 		o.sized = false
@@ -339,34 +339,18 @@ func (m *mount) forget(path string) {
 	m.mu.Unlock()
 }
 
-// openIno opens the backing file of inode ino for writing, by searching
-// the backing tree (only at a Cut with pages to keep).
-func openIno(root string, ino uint64) (int, error) {
-	var found string
-	var walk func(dir string) bool
-	walk = func(dir string) bool {
-		ents, err := os.ReadDir(dir)
-		if err != nil {
-			return false
+// inodePaths maps the regular files of the backing tree by inode.
+func inodePaths(root string) map[uint64]string {
+	paths := map[uint64]string{}
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil
 		}
-		for _, e := range ents {
-			p := dir + "/" + e.Name()
-			var st unix.Stat_t
-			if unix.Lstat(p, &st) != nil {
-				continue
-			}
-			if st.Ino == ino && st.Mode&unix.S_IFMT == unix.S_IFREG {
-				found = p
-				return true
-			}
-			if st.Mode&unix.S_IFMT == unix.S_IFDIR && walk(p) {
-				return true
-			}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil {
+			paths[st.Ino] = p
 		}
-		return false
-	}
-	if !walk(root) {
-		return -1, os.ErrNotExist
-	}
-	return unix.Open(found, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		return nil
+	})
+	return paths
 }

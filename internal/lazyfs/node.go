@@ -46,7 +46,7 @@ func (n *node) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbe
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	ch, errno := n.LoopbackNode.Lookup(ctx, name, out)
 	if errno == 0 {
-		n.m.fixSize(filepath.Join(n.backingPath(), name), &out.Attr)
+		n.m.fixSize(&out.Attr)
 	}
 	return ch, errno
 }
@@ -87,7 +87,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	n.m.fixSize(filepath.Join(n.backingPath(), name), &out.Attr)
+	n.m.fixSize(&out.Attr)
 	return ch, f, 0, 0
 }
 
@@ -98,21 +98,18 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	if errno := n.LoopbackNode.Getattr(ctx, fh, out); errno != 0 {
 		return errno
 	}
-	n.m.fixSize(n.backingPath(), &out.Attr)
+	n.m.fixSize(&out.Attr)
 	return 0
 }
 
-// fixSize sets a regular file's size in attr to the size readers see.
-func (m *mount) fixSize(path string, attr *fuse.Attr) {
+// fixSize sets a regular file's size in attr, filled from the backing
+// file's stat (its Ino is the backing inode), to the size readers see.
+func (m *mount) fixSize(attr *fuse.Attr) {
 	if attr.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return
 	}
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		return
-	}
 	m.mu.Lock()
-	o := m.overlays[st.Ino]
+	o := m.overlays[attr.Ino]
 	m.mu.Unlock()
 	if o != nil {
 		o.mu.Lock()
@@ -283,7 +280,8 @@ func (f *file) sync() syscall.Errno {
 	}
 	f.ov.mu.Lock()
 	defer f.ov.mu.Unlock()
-	return fs.ToErrno(f.ov.persist(f.fd, nil))
+	_, err := f.ov.persist(f.fd, nil)
+	return fs.ToErrno(err)
 }
 
 func (f *file) Flush(ctx context.Context) syscall.Errno { return 0 }

@@ -1,7 +1,6 @@
 package lazyfs
 
 import (
-	"math/rand/v2"
 	"sort"
 	"sync"
 
@@ -155,12 +154,12 @@ func (o *overlay) read(fd int, dest []byte, off int64) (int, error) {
 	return len(dest), nil
 }
 
-// persist writes the overlay to the backing file and fsyncs it: what an
-// fsync makes durable. With keep, only pages for which keep returns true
-// are written and the size is not changed (a power cut with part of the
-// dirty pages already written back by the kernel); the overlay is emptied
-// either way.
-func (o *overlay) persist(fd int, keep func() bool) error {
+// persist writes the overlay to the backing file: what an fsync makes
+// durable. With keep, only pages for which keep returns true are written
+// and the size is not changed (a power cut with part of the dirty pages
+// already written back by the kernel); the overlay is emptied either way.
+// It returns the pages written.
+func (o *overlay) persist(fd int, keep func() bool) (int, error) {
 	ps := make([]int64, 0, len(o.pages))
 	for p := range o.pages {
 		ps = append(ps, p)
@@ -168,9 +167,10 @@ func (o *overlay) persist(fd int, keep func() bool) error {
 	sort.Slice(ps, func(i, j int) bool { return ps[i] < ps[j] })
 	if keep == nil && o.sized {
 		if err := unix.Ftruncate(fd, o.minSize); err != nil {
-			return err
+			return 0, err
 		}
 	}
+	written := 0
 	for _, p := range ps {
 		if keep != nil && !keep() {
 			continue
@@ -184,20 +184,16 @@ func (o *overlay) persist(fd int, keep func() bool) error {
 			continue
 		}
 		if _, err := unix.Pwrite(fd, pg[:n], p*pageSize); err != nil {
-			return err
+			return written, err
 		}
+		written++
 	}
 	if keep == nil && o.sized {
 		if err := unix.Ftruncate(fd, o.size); err != nil {
-			return err
+			return written, err
 		}
 	}
 	clear(o.pages)
 	o.sized = false
-	return nil
-}
-
-// coin returns a keep function for persist: true with probability p.
-func coin(rng *rand.Rand, p float64) func() bool {
-	return func() bool { return rng.Float64() < p }
+	return written, nil
 }

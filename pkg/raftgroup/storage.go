@@ -263,6 +263,7 @@ func (s *logStorage) save(hs *pb.HardState, ents []*pb.Entry, sync bool) error {
 	if !hasHS && s.hardPending {
 		hs, hasHS = proto.Clone(s.hard).(*pb.HardState), true
 	}
+	oldLast := s.last
 	s.mu.RUnlock()
 	wb := s.db.NewWriteBatch()
 	defer wb.Cancel()
@@ -273,9 +274,6 @@ func (s *logStorage) save(hs *pb.HardState, ents []*pb.Entry, sync bool) error {
 			return err
 		}
 	}
-	s.mu.RLock()
-	oldLast := s.last
-	s.mu.RUnlock()
 	var newLast uint64
 	if len(ents) > 0 {
 		for _, e := range ents {
