@@ -43,7 +43,7 @@ test:
 	@# values, and power cuts of badger in child processes, take minutes
 	@# under it).
 	$(GO) test -count=1 -timeout 10m -run 'LargeValue' ./pkg/shardkv/
-	$(GO) test -count=1 -timeout 15m -run 'PowerCut' ./pkg/raftgroup/
+	$(GO) test -count=1 -timeout 15m -run 'PowerCut|VlogSync' ./pkg/raftgroup/
 
 ## fuzz: every Go fuzz target for FUZZTIME each (default 30s; CI runs
 ## this); a crash's input lands in the package's testdata/fuzz/.
