@@ -343,7 +343,7 @@ func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 			return OpResult{Result: &shardkvpb.WriteResult{}}, nil
 		}
 		if d, ok := sess.find(op.Session.Seq); ok {
-			return OpResult{Result: &shardkvpb.WriteResult{Ok: d.OK, Prev: d.Prev, PrevFound: d.PrevFound}}, nil
+			return OpResult{Result: d.result()}, nil
 		}
 		if op.Session.Seq <= sess.Trimmed {
 			return OpResult{Code: ResultForgotten}, nil
@@ -355,11 +355,7 @@ func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 	}
 	if sess != nil {
 		sess.LastNS = a.nowNS
-		d := doneOp{Seq: op.Session.Seq, OK: res.Ok}
-		if op.ReturnPrev {
-			d.Prev, d.PrevFound = res.Prev, res.PrevFound
-		}
-		sess.add(d)
+		sess.add(doneOf(op.Session.Seq, res, op.ReturnPrev))
 		staged.dirty = true
 	}
 	return OpResult{Result: res}, nil

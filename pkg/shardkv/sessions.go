@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
 // session is a client's dedup state within one shard. Sequence numbers may
@@ -26,6 +28,24 @@ type doneOp struct {
 	OK        bool
 	PrevFound bool
 	Prev      []byte
+	// The rest of the op's result: INCR's new value, APPEND's new length,
+	// INCR_FLOAT's value, a refusal (OpErr*). A retry gets all of it.
+	Num   int64
+	Value []byte
+	Err   string
+}
+
+// result is the WriteResult the op answered with.
+func (d doneOp) result() *shardkvpb.WriteResult {
+	return &shardkvpb.WriteResult{Ok: d.OK, Prev: d.Prev, PrevFound: d.PrevFound, Num: d.Num, Value: d.Value, Error: d.Err}
+}
+
+func doneOf(seq uint64, res *shardkvpb.WriteResult, keepPrev bool) doneOp {
+	d := doneOp{Seq: seq, OK: res.GetOk(), Num: res.GetNum(), Value: res.GetValue(), Err: res.GetError()}
+	if keepPrev {
+		d.Prev, d.PrevFound = res.GetPrev(), res.GetPrevFound()
+	}
+	return d
 }
 
 // MaxDonePerSession bounds a session's remembered results. A client with
@@ -49,9 +69,20 @@ func (s *session) encode() []byte {
 		if d.PrevFound {
 			f |= 2
 		}
+		rest := d.Num != 0 || len(d.Value) > 0 || d.Err != ""
+		if rest {
+			f |= 4 // records written before this flag have no rest
+		}
 		b = append(b, f)
 		b = binary.AppendUvarint(b, uint64(len(d.Prev)))
 		b = append(b, d.Prev...)
+		if rest {
+			b = binary.AppendVarint(b, d.Num)
+			b = binary.AppendUvarint(b, uint64(len(d.Value)))
+			b = append(b, d.Value...)
+			b = binary.AppendUvarint(b, uint64(len(d.Err)))
+			b = append(b, d.Err...)
+		}
 	}
 	if s.Trimmed > s.Floor {
 		b = binary.AppendUvarint(b, s.Trimmed) // optional trailer
@@ -83,7 +114,24 @@ func decodeSession(b []byte) (*session, error) {
 		}
 		prev := slices.Clone(b[w : w+int(l)])
 		b = b[w+int(l):]
-		s.Done = append(s.Done, doneOp{Seq: seq, OK: f&1 != 0, PrevFound: f&2 != 0, Prev: prev})
+		d := doneOp{Seq: seq, OK: f&1 != 0, PrevFound: f&2 != 0, Prev: prev}
+		if f&4 != 0 {
+			num, w := binary.Varint(b)
+			if w <= 0 {
+				return nil, errors.New("bad session entry result")
+			}
+			d.Num, b = num, b[w:]
+			var val, msg []byte
+			var err error
+			if val, b, err = uvarintBytes(b); err != nil {
+				return nil, err
+			}
+			if msg, b, err = uvarintBytes(b); err != nil {
+				return nil, err
+			}
+			d.Value, d.Err = slices.Clone(val), string(msg)
+		}
+		s.Done = append(s.Done, d)
 	}
 	if len(b) > 0 {
 		t, w := binary.Uvarint(b)
@@ -93,6 +141,15 @@ func decodeSession(b []byte) (*session, error) {
 		s.Trimmed = t
 	}
 	return s, nil
+}
+
+// uvarintBytes splits a length-prefixed field off b.
+func uvarintBytes(b []byte) (field, rest []byte, err error) {
+	l, w := binary.Uvarint(b)
+	if w <= 0 || uint64(len(b)-w) < l {
+		return nil, nil, errors.New("bad session entry field")
+	}
+	return b[w : w+int(l)], b[w+int(l):], nil
 }
 
 // find returns the stored result of seq, if it was applied.

@@ -106,6 +106,46 @@ func TestOutOfOrderSessionsApplyExactlyOnce(t *testing.T) {
 	}
 }
 
+// TestRetryKeepsTheRefusal: a retried op (its reply was lost) gets the
+// result the first application had, refusals included. The session used
+// to remember only ok, prev and prev_found, so a retried APPEND past the
+// value limit, or INCR of a non-integer, was answered as a success.
+func TestRetryKeepsTheRefusal(t *testing.T) {
+	h := newSMHarness(t)
+	h.write(&shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: []byte("n"), Value: []byte("not a number")})
+	incr := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_INCR, Key: []byte("n"), Delta: 1,
+		Session: &shardkvpb.Session{ClientId: 9, Seq: 1}}
+	first := h.write(incr)
+	if first.Result.GetError() != shardkvpb.OpErrNotInteger {
+		t.Fatalf("INCR of a string: %v, want %s", first.Result, shardkvpb.OpErrNotInteger)
+	}
+	// Another op of the session in between: the retry is answered from
+	// the stored record, not from the one in memory.
+	h.write(appendOp("other", "x", 9, 2, 0))
+	again := h.write(incr)
+	if !proto.Equal(first.Result, again.Result) {
+		t.Fatalf("retried INCR: %v, first answered %v", again.Result, first.Result)
+	}
+	// The results with a value: INCR's new value, APPEND's new length,
+	// INCR_FLOAT's value.
+	for i, op := range []*shardkvpb.WriteOp{
+		{Kind: shardkvpb.WriteOp_INCR, Key: []byte("c"), Delta: 41},
+		{Kind: shardkvpb.WriteOp_APPEND, Key: []byte("a"), Value: []byte("abc")},
+		{Kind: shardkvpb.WriteOp_INCR_FLOAT, Key: []byte("f"), Value: []byte("1.5")},
+	} {
+		op.Session = &shardkvpb.Session{ClientId: 9, Seq: uint64(10 + i)}
+		first := h.write(op)
+		if first.Result.GetNum() == 0 && len(first.Result.GetValue()) == 0 {
+			t.Fatalf("%v: no value in %v", op.Kind, first.Result)
+		}
+		h.write(appendOp("other", "y", 9, uint64(20+i), 0))
+		again := h.write(op)
+		if !proto.Equal(first.Result, again.Result) {
+			t.Fatalf("retried %v: %v, first answered %v", op.Kind, again.Result, first.Result)
+		}
+	}
+}
+
 func TestSessionsExpireByLogTime(t *testing.T) {
 	h := newSMHarness(t)
 	h.write(appendOp("a", "1", 5, 1, 0))
