@@ -2,7 +2,6 @@ package shardkv
 
 import (
 	"context"
-	"time"
 
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -33,9 +32,8 @@ func (g *Group) MultiGet(ctx context.Context, req *shardkvpb.MultiGetRequest) (*
 		return nil, raftgroup.GRPCError(err)
 	}
 	out := &shardkvpb.MultiGetReply{}
-	now := time.Now().UnixMilli()
 	for _, k := range req.Keys {
-		e, code, err := g.sm.GetEntry(k, now)
+		e, code, err := g.sm.GetEntry(k)
 		if err != nil {
 			return nil, internal(err)
 		}
