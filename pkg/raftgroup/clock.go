@@ -3,7 +3,6 @@ package raftgroup
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -18,8 +17,8 @@ import (
 // cannot move it. Each replica's Raft traffic carries its wall clock
 // (RaftBatch.sent_unix_nanos); the leader stamps an entry with the lower
 // median over the voters of their last report advanced by the local
-// monotonic time since it arrived, and never earlier than the entry before
-// it. docs/time.md has the argument.
+// monotonic time since it arrived, and never earlier than the last time it
+// stamped or saw in its log. docs/time.md has the argument.
 
 // ClockLag is how far the log clock may fall behind the group's time while
 // the state machine says its reads depend on time (TimeDependent): the
@@ -80,14 +79,10 @@ type groupClock struct {
 	mu      sync.Mutex
 	reports map[uint64]clockReport
 	last    time.Time // the latest stamp given or seen in the log
-
-	// turn orders stamping with proposing: entries enter the log in the
-	// order of their stamps, so a log's times never go back.
-	turn chan struct{}
 }
 
 func newGroupClock(self uint64, now func() time.Time) *groupClock {
-	return &groupClock{now: now, self: self, reports: map[uint64]clockReport{}, turn: make(chan struct{}, 1)}
+	return &groupClock{now: now, self: self, reports: map[uint64]clockReport{}}
 }
 
 // report records a peer's wall clock (Unix ns, 0: the peer predates it).
@@ -159,22 +154,8 @@ func (c *groupClock) stamp(voters []uint64) time.Time {
 	return t.UTC()
 }
 
-// errNoTurn: the proposal never reached raft (it waited for its turn to
-// be stamped until its context ended).
-var errNoTurn = errors.New("gave up waiting for the turn to propose")
-
-// stamped takes the stamping turn, stamps with the group's time and
-// proposes through propose while holding it, so entries enter the log in
-// stamp order.
-func (r *Replica) stamped(ctx context.Context, propose func(t time.Time) error) error {
-	select {
-	case r.clock.turn <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("%w: %w", errNoTurn, ctx.Err())
-	}
-	defer func() { <-r.clock.turn }()
-	return propose(r.clock.stamp(r.voters()))
-}
+// stampNow is the time for an entry this replica proposes now.
+func (r *Replica) stampNow() time.Time { return r.clock.stamp(r.voters()) }
 
 func (r *Replica) voters() []uint64 {
 	r.membersMu.RLock()
@@ -227,7 +208,7 @@ func (r *Replica) keepClock(stopc <-chan struct{}, done chan<- struct{}) {
 			case <-ctx.Done():
 			}
 		}()
-		if err := r.stamped(ctx, func(t time.Time) error { return r.node.Propose(ctx, encodeClockEntry(t)) }); err != nil {
+		if err := r.node.Propose(ctx, encodeClockEntry(r.stampNow())); err != nil {
 			r.log.Debug("clock entry not proposed", "err", err)
 		}
 		cancel()

@@ -94,17 +94,12 @@ func (r *Replica) changeMembership(ctx context.Context, typ pb.ConfChangeType, i
 		return fmt.Errorf("%w: %w", shardkvpb.ErrNotExecuted, err)
 	}
 	pid, w := r.props.register()
-	if err := r.stamped(ctx, func(t time.Time) error {
-		cc := &pb.ConfChangeV2{
-			Changes: []*pb.ConfChangeSingle{{Type: typ.Enum(), NodeId: proto.Uint64(id)}},
-			Context: encodeHeader(header{id: pid, time: t}, []byte(addr)),
-		}
-		return r.node.ProposeConfChange(ctx, cc)
-	}); err != nil {
+	cc := &pb.ConfChangeV2{
+		Changes: []*pb.ConfChangeSingle{{Type: typ.Enum(), NodeId: proto.Uint64(id)}},
+		Context: encodeHeader(header{id: pid, time: r.stampNow()}, []byte(addr)),
+	}
+	if err := r.node.ProposeConfChange(ctx, cc); err != nil {
 		r.props.cancel(pid)
-		if errors.Is(err, errNoTurn) {
-			return notExecuted("%v", err)
-		}
 		if errors.Is(err, raft.ErrProposalDropped) {
 			return r.notLeader()
 		}

@@ -33,14 +33,9 @@ func encodeHeader(h header, payload []byte) []byte {
 	b[0] = headerMagic
 	binary.BigEndian.PutUint64(b[1:], h.id.nonce)
 	binary.BigEndian.PutUint64(b[9:], h.id.seq)
-	setHeaderTime(b, h.time)
+	binary.BigEndian.PutUint64(b[17:], uint64(unixNanos(h.time)))
 	copy(b[headerLen:], payload)
 	return b
-}
-
-// setHeaderTime writes an encoded entry's time (see stamped).
-func setHeaderTime(b []byte, t time.Time) {
-	binary.BigEndian.PutUint64(b[17:], uint64(unixNanos(t)))
 }
 
 func decodeHeader(b []byte) (header, []byte, bool) {
@@ -203,16 +198,10 @@ func (r *Replica) Propose(ctx context.Context, cmd []byte) (any, error) {
 	}
 	r.metrics.Proposals.Add(1)
 	id, w := r.props.register()
-	data := encodeHeader(header{id: id}, cmd)
-	if err := r.stamped(ctx, func(t time.Time) error {
-		setHeaderTime(data, t)
-		return r.node.Propose(ctx, data)
-	}); err != nil {
+	data := encodeHeader(header{id: id, time: r.stampNow()}, cmd)
+	if err := r.node.Propose(ctx, data); err != nil {
 		r.props.cancel(id)
 		r.metrics.ProposalsFailed.Add(1)
-		if errors.Is(err, errNoTurn) {
-			return nil, notExecuted("%v", err)
-		}
 		if errors.Is(err, raft.ErrProposalDropped) {
 			if !r.IsLeader() {
 				return nil, r.notLeader()

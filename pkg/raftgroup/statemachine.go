@@ -16,8 +16,9 @@ type Entry struct {
 	// jump moves it (docs/time.md). It is part of the log, so every replica
 	// sees the same value: use it for anything time-based (TTLs, session
 	// expiry) to stay deterministic. A leader never stamps an entry before
-	// the last one it saw in its log, but a log compacted into a snapshot
-	// or written by an older version may still step back: clamp it to a
+	// the last one it saw in its log, but concurrent proposals may enter
+	// the log in another order than stamped (microseconds apart), and a
+	// log written by an older version may step back further: clamp it to a
 	// value the state machine stored itself if you need it monotonic
 	// (never to in-memory state, which a restarted replica rebuilds from a
 	// different point of the log). It is zero for entries without a time
