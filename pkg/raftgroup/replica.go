@@ -260,9 +260,6 @@ func (r *Replica) init() error {
 	store.syncs = func() { r.metrics.Fsyncs.Add(1) }
 	r.store = store
 	fresh := store.isEmpty()
-	if err := r.observeLastEntry(); err != nil {
-		return err
-	}
 
 	applied, err := r.sm.Open(r.db)
 	if err != nil {
@@ -273,6 +270,9 @@ func (r *Replica) init() error {
 		return err
 	}
 	if err := r.checkDurable(fresh); err != nil {
+		return err
+	}
+	if err := r.observeLastEntry(); err != nil {
 		return err
 	}
 	if err := r.loadMembers(); err != nil {
