@@ -201,7 +201,7 @@ func (r *Replica) keepClock(stopc <-chan struct{}, done chan<- struct{}) {
 		sent = time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(r.cfg.ElectionTicks)*r.cfg.TickInterval)
 		go func() {
-			// Stop waiting, not the proposal, when the replica stops.
+			// Give up at once when the replica stops.
 			select {
 			case <-stopc:
 				cancel()

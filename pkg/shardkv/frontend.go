@@ -53,20 +53,29 @@ func (g *Group) ReadKeys(ctx context.Context, keys [][]byte, followerReads bool,
 		}
 		return nil, fmt.Errorf("read barrier: %w", err)
 	}
-	out := make([]ValueEntry, len(keys))
-	for i, k := range keys {
-		e, code, err := g.sm.GetEntry(k)
-		if err != nil {
-			return nil, err
-		}
-		if code != OK {
+	out := make([]ValueEntry, 0, len(keys))
+	var refused error
+	limited := false
+	err := g.sm.GetEntries(keys, func(i int, e ValueEntry, code Code) bool {
+		switch {
+		case code != OK:
 			// The config moved on while we waited for the barrier.
-			return nil, g.refuse(k, code, !followerReads)
+			refused = g.refuse(keys[i], code, !followerReads)
+		case reserve != nil && !reserve(len(e.Value)):
+			limited = true
+		default:
+			out = append(out, e)
+			return true
 		}
-		if reserve != nil && !reserve(len(e.Value)) {
-			return out[:i], ErrReadLimit
-		}
-		out[i] = e
+		return false
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case refused != nil:
+		return nil, refused
+	case limited:
+		return out, ErrReadLimit
 	}
 	return out, nil
 }

@@ -118,14 +118,31 @@ func (sm *StateMachine) GetEntry(key []byte) (ValueEntry, Code, error) {
 	return sm.getEntry(key, -1)
 }
 
+// GetEntries reads keys as GetEntry does, all from one view of the state
+// (one log time), and calls f with each key's entry, or the Code that
+// refuses it, in order, until f returns false.
+func (sm *StateMachine) GetEntries(keys [][]byte, f func(i int, e ValueEntry, code Code) bool) error {
+	return sm.store.DB().View(func(txn *badger.Txn) error {
+		ns, err := logTime(txn)
+		if err != nil {
+			return err
+		}
+		for i, k := range keys {
+			e, code, err := sm.readEntry(txn, k, ns/1e6)
+			if err != nil {
+				return err
+			}
+			if !f(i, e, code) {
+				return nil
+			}
+		}
+		return nil
+	})
+}
+
 // getEntry reads key; nowMs < 0: at the log time of the state read.
-func (sm *StateMachine) getEntry(key []byte, nowMs int64) (ValueEntry, Code, error) {
-	s, code := sm.route(key)
-	if code != OK {
-		return ValueEntry{}, code, nil
-	}
-	var e ValueEntry
-	err := sm.store.DB().View(func(txn *badger.Txn) error {
+func (sm *StateMachine) getEntry(key []byte, nowMs int64) (e ValueEntry, code Code, err error) {
+	err = sm.store.DB().View(func(txn *badger.Txn) error {
 		if nowMs < 0 {
 			ns, err := logTime(txn)
 			if err != nil {
@@ -133,21 +150,31 @@ func (sm *StateMachine) getEntry(key []byte, nowMs int64) (ValueEntry, Code, err
 			}
 			nowMs = ns / 1e6
 		}
-		e.NowMs = nowMs
-		v, err := raftgroup.GetValue(txn, dataKey(s, key))
-		if err != nil || v == nil {
-			return err
-		}
-		r, err := decodeRecord(v)
-		if err != nil {
-			return err
-		}
-		if r.live(nowMs) {
-			e = ValueEntry{Found: true, Value: r.Value, ExpireAtMs: r.ExpireAtMs, NowMs: nowMs}
-		}
-		return nil
+		e, code, err = sm.readEntry(txn, key, nowMs)
+		return err
 	})
 	return e, code, err
+}
+
+// readEntry reads key in txn, nowMs deciding expiry.
+func (sm *StateMachine) readEntry(txn *badger.Txn, key []byte, nowMs int64) (ValueEntry, Code, error) {
+	s, code := sm.route(key)
+	if code != OK {
+		return ValueEntry{}, code, nil
+	}
+	e := ValueEntry{NowMs: nowMs}
+	v, err := raftgroup.GetValue(txn, dataKey(s, key))
+	if err != nil || v == nil {
+		return e, code, err
+	}
+	r, err := decodeRecord(v)
+	if err != nil {
+		return e, code, err
+	}
+	if r.live(nowMs) {
+		e = ValueEntry{Found: true, Value: r.Value, ExpireAtMs: r.ExpireAtMs, NowMs: nowMs}
+	}
+	return e, code, nil
 }
 
 // logTime is the log clock (Unix ns) stored with the state txn reads: the
