@@ -12,8 +12,10 @@
 //   - Apply(entries) applies committed entries in log order and stores the
 //     last entry's index in the same badger transaction as the changes. Set
 //     Entry.Result to hand a value back to the proposer. Use Entry.Time, the
-//     leader's clock recorded in the log, for anything time-based. Never let
-//     Go map order or local clocks influence the state.
+//     group's time recorded in the log, for anything time-based. Never let
+//     Go map order or local clocks influence the state. A state machine
+//     whose reads change with time implements TimeDependent, and the
+//     leader keeps the log clock fresh while it says so (docs/time.md).
 //   - Snapshot() returns a point-in-time view (a badger read transaction)
 //     that streams itself; Restore(r) clears the state and streams it back in.
 //     A state machine whose state is a few key prefixes, with its applied

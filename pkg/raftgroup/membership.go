@@ -96,7 +96,7 @@ func (r *Replica) changeMembership(ctx context.Context, typ pb.ConfChangeType, i
 	pid, w := r.props.register()
 	cc := &pb.ConfChangeV2{
 		Changes: []*pb.ConfChangeSingle{{Type: typ.Enum(), NodeId: proto.Uint64(id)}},
-		Context: encodeHeader(header{id: pid, time: time.Now()}, []byte(addr)),
+		Context: encodeHeader(header{id: pid, time: r.stampNow()}, []byte(addr)),
 	}
 	if err := r.node.ProposeConfChange(ctx, cc); err != nil {
 		r.props.cancel(pid)

@@ -33,7 +33,7 @@ func encodeHeader(h header, payload []byte) []byte {
 	b[0] = headerMagic
 	binary.BigEndian.PutUint64(b[1:], h.id.nonce)
 	binary.BigEndian.PutUint64(b[9:], h.id.seq)
-	binary.BigEndian.PutUint64(b[17:], uint64(h.time.UnixNano()))
+	binary.BigEndian.PutUint64(b[17:], uint64(unixNanos(h.time)))
 	copy(b[headerLen:], payload)
 	return b
 }
@@ -44,7 +44,7 @@ func decodeHeader(b []byte) (header, []byte, bool) {
 	}
 	return header{
 		id:   proposalID{binary.BigEndian.Uint64(b[1:]), binary.BigEndian.Uint64(b[9:])},
-		time: time.Unix(0, int64(binary.BigEndian.Uint64(b[17:]))).UTC(),
+		time: fromUnixNanos(int64(binary.BigEndian.Uint64(b[17:]))),
 	}, b[headerLen:], true
 }
 
@@ -198,7 +198,7 @@ func (r *Replica) Propose(ctx context.Context, cmd []byte) (any, error) {
 	}
 	r.metrics.Proposals.Add(1)
 	id, w := r.props.register()
-	data := encodeHeader(header{id: id, time: time.Now()}, cmd)
+	data := encodeHeader(header{id: id, time: r.stampNow()}, cmd)
 	if err := r.node.Propose(ctx, data); err != nil {
 		r.props.cancel(id)
 		r.metrics.ProposalsFailed.Add(1)

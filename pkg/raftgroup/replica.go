@@ -77,6 +77,14 @@ type Config struct {
 	// replica of a group should have the same limit.
 	MaxCommandBytes int
 
+	// Now is this replica's wall clock (default time.Now): the time it
+	// reports to its peers and, leading, the group's time it stamps log
+	// entries with (docs/time.md). Raft's ticks and timeouts never read it:
+	// they run on the monotonic clock. Tests inject a shifted or jumping
+	// clock here (a process-wide fake such as faketime cannot reach Go,
+	// which reads time through the vDSO).
+	Now func() time.Time
+
 	// Filter, if set, sees every outgoing message. Tests use it to drop,
 	// delay, duplicate and reorder messages and to partition replicas.
 	Filter Filter
@@ -128,6 +136,9 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	return nil
 }
 
@@ -166,7 +177,8 @@ type Replica struct {
 	conf      *pb.ConfState     // copy of confState for readers
 
 	props   *proposals
-	heard   *contacts // peers' last Raft messages (Status)
+	clock   *groupClock // peers' wall clocks, entry stamps
+	heard   *contacts   // peers' last Raft messages (Status)
 	reads   *readBatcher
 	applyW  *indexWaiter
 	confMu  sync.Mutex // one membership change at a time from this replica
@@ -175,6 +187,7 @@ type Replica struct {
 	stopc   chan struct{}
 	donec   chan struct{}
 	gcDone  chan struct{} // closed when valueLogGC has returned
+	clkDone chan struct{} // closed when keepClock has returned
 	stopErr error
 	closeMu sync.Mutex
 	closed  bool
@@ -223,6 +236,7 @@ func Open(cfg Config, sm StateMachine) (*Replica, error) {
 		applyW:  newIndexWaiter(),
 	}
 	r.props = newProposals()
+	r.clock = newGroupClock(cfg.ID, cfg.Now)
 	r.heard = newContacts()
 	if err := r.init(); err != nil {
 		db.Close()
@@ -231,9 +245,11 @@ func Open(cfg Config, sm StateMachine) (*Replica, error) {
 	r.reads = newReadBatcher(r)
 	r.trans = newTransport(r)
 	r.gcDone = make(chan struct{})
+	r.clkDone = make(chan struct{})
 	go r.run()
 	go r.reads.run()
 	go r.valueLogGC(r.stopc, r.gcDone)
+	go r.keepClock(r.stopc, r.clkDone)
 	return r, nil
 }
 
@@ -258,6 +274,9 @@ func (r *Replica) init() error {
 		return err
 	}
 	if err := r.checkDurable(fresh); err != nil {
+		return err
+	}
+	if err := r.observeLastEntry(); err != nil {
 		return err
 	}
 	if err := r.loadMembers(); err != nil {
@@ -494,6 +513,9 @@ func (r *Replica) handleReady(rd raft.Ready) error {
 		return err
 	}
 	r.props.noteAppended(rd.Entries)
+	for _, e := range rd.Entries {
+		r.clock.observe(entryTime(e))
+	}
 
 	// 2. Send, now that our own copy is durable (a leader sent before).
 	if !leading {
@@ -529,6 +551,8 @@ func (r *Replica) apply(ents []*pb.Entry) error {
 		case pb.EntryNormal:
 			if h, cmd, ok := decodeHeader(e.GetData()); ok {
 				id, ent.Cmd, ent.Time = h.id, cmd, h.time
+			} else if t, ok := decodeClockEntry(e.GetData()); ok {
+				ent.Time = t
 			}
 		case pb.EntryConfChange, pb.EntryConfChangeV2:
 			var err error
@@ -714,6 +738,7 @@ func (r *Replica) Close() error {
 	close(r.stopc)
 	<-r.donec
 	<-r.gcDone
+	<-r.clkDone
 	r.leader.Store(0)
 	r.stateType.Store(int32(raft.StateFollower))
 	r.node.Stop()

@@ -11,17 +11,23 @@ import (
 type Entry struct {
 	Index uint64
 	Term  uint64
-	// Time is the proposing leader's wall clock when it proposed the entry.
-	// It is part of the log, so every replica sees the same value: use it for
-	// anything time-based (TTLs, session expiry) to stay deterministic. It is
-	// not monotonic across leader changes: clamp it to a value the state
-	// machine stored itself if you need that (never to in-memory state, which
-	// a restarted replica rebuilds from a different point of the log). It is
-	// zero for entries without a command.
+	// Time is the group's time when the leader proposed the entry: the
+	// lower median of the voters' wall clocks, so no one replica's clock
+	// jump moves it (docs/time.md). It is part of the log, so every replica
+	// sees the same value: use it for anything time-based (TTLs, session
+	// expiry) to stay deterministic. A leader never stamps an entry before
+	// the last one it saw in its log, but concurrent proposals may enter
+	// the log in another order than stamped (microseconds apart), and a
+	// log written by an older version may step back further: clamp it to a
+	// value the state machine stored itself if you need it monotonic
+	// (never to in-memory state, which a restarted replica rebuilds from a
+	// different point of the log). It is zero for entries without a time
+	// (Raft no-ops at elections, membership changes).
 	Time time.Time
 	// Cmd is the proposed command. It is nil for entries that carry none
-	// (Raft no-ops at elections, membership changes); those only advance the
-	// applied index.
+	// (Raft no-ops at elections, membership changes, and the leader's clock
+	// entries, which carry only a Time: see TimeDependent); those only
+	// advance the applied index and, with a Time, the log clock.
 	Cmd []byte
 	// Result is set by Apply and handed back to the proposer, if it waits on
 	// this replica. It never leaves the process.

@@ -255,6 +255,7 @@ func (p *peerSender) stream() error {
 		if len(batch.Messages) == 0 {
 			continue
 		}
+		batch.SentUnixNanos = unixNanos(r.cfg.Now())
 		if err := stream.Send(batch); err != nil {
 			if err == io.EOF {
 				_, err = stream.CloseAndRecv()
@@ -315,6 +316,7 @@ func (s *raftServer) Send(stream shardkvpb.Raft_SendServer) error {
 			return err
 		}
 		s.r.heard.note(batch.From)
+		s.r.clock.report(batch.From, batch.SentUnixNanos)
 		for _, b := range batch.Messages {
 			m := &pb.Message{}
 			if err := proto.Unmarshal(b, m); err != nil {

@@ -6,7 +6,6 @@ import (
 	"math"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -35,9 +34,13 @@ func parseInt(b []byte) (int64, bool) {
 	return n, true
 }
 
-// nowMs is the time expiries are computed from. Writes run only on the
-// leader, so the leader's clock decides them.
-func nowMs() int64 { return time.Now().UnixMilli() }
+// Relative expiries (EX, PX, EXPIRE, PEXPIRE) are sent as such (ttl_ms)
+// and made absolute by the apply from the entry's log time; TTL and PTTL
+// count from the log time of the state read (ValueEntry.NowMs). This front
+// end reads no clock for data (docs/time.md). Redis refuses a relative
+// expiry whose absolute time would overflow; nowBoundMs stands in for the
+// present in that check (about the year 2109), so that it needs no clock.
+const nowBoundMs = 1 << 42
 
 // sizeError checks a write's key and values against the group's limits
 // (nil if they fit). Nothing is proposed for a command that does not fit.
@@ -131,7 +134,7 @@ func cmdTTL(c *conn, p *pipeline, args [][]byte, slot int) {
 		case v[0].ExpireAtMs == 0:
 			return redcon.AppendInt(nil, -1)
 		}
-		ttl := max(v[0].ExpireAtMs-nowMs(), 0)
+		ttl := max(v[0].ExpireAtMs-v[0].NowMs, 0)
 		if !ms {
 			ttl = (ttl + 500) / 1000
 		}
@@ -172,12 +175,16 @@ func cmdSet(c *conn, p *pipeline, args [][]byte, slot int) {
 	case "keepttl":
 		op.KeepTtl = true
 	case "ex", "px", "exat", "pxat":
-		at, e := setExpiry(expKind, expArg, "set")
+		ms, e := setExpiry(expKind, expArg, "set")
 		if e != nil {
 			p.reply(e)
 			return
 		}
-		op.ExpireAtMs = at
+		if expKind == "ex" || expKind == "px" {
+			op.TtlMs = &ms
+		} else {
+			op.ExpireAtMs = ms
+		}
 	}
 	if nx {
 		op.Cond = shardkvpb.WriteOp_IF_ABSENT
@@ -201,8 +208,9 @@ func cmdSet(c *conn, p *pipeline, args [][]byte, slot int) {
 	})
 }
 
-// setExpiry converts an EX/PX/EXAT/PXAT argument to an absolute Unix time
-// in ms, with Redis's checks (getExpireMillisecondsOrReply).
+// setExpiry converts an EX/PX/EXAT/PXAT argument to milliseconds, with
+// Redis's checks (getExpireMillisecondsOrReply): relative ones (EX, PX)
+// stay relative (see nowBoundMs), the others are an absolute Unix time.
 func setExpiry(kind string, arg []byte, cmd string) (int64, []byte) {
 	n, ok := parseInt(arg)
 	if !ok {
@@ -216,12 +224,8 @@ func setExpiry(kind string, arg []byte, cmd string) (int64, []byte) {
 	if seconds {
 		n *= 1000
 	}
-	if kind == "ex" || kind == "px" {
-		now := nowMs()
-		if n > math.MaxInt64-now {
-			return 0, invalid
-		}
-		n += now
+	if (kind == "ex" || kind == "px") && n > math.MaxInt64-nowBoundMs {
+		return 0, invalid
 	}
 	return n, nil
 }
@@ -422,15 +426,15 @@ func cmdExpire(c *conn, p *pipeline, args [][]byte, slot int) {
 		}
 		when *= 1000
 	}
+	op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_EXPIRE, Key: args[1], ExpireAtMs: when}
 	if name == "expire" || name == "pexpire" {
-		now := nowMs()
-		if when > math.MaxInt64-now {
+		// Relative: made absolute at apply (see nowBoundMs).
+		if when > math.MaxInt64-nowBoundMs {
 			p.reply(invalid)
 			return
 		}
-		when += now
+		op.ExpireAtMs, op.TtlMs = 0, &when
 	}
-	op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_EXPIRE, Key: args[1], ExpireAtMs: when}
 	switch {
 	case nx:
 		op.Cond = shardkvpb.WriteOp_IF_ABSENT

@@ -154,7 +154,7 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 		} else if v > prev {
 			largest[ks] = v
 		}
-		if op.Kind == shardkvpb.WriteOp_EXPIRE || (op.Kind == shardkvpb.WriteOp_PUT && op.ExpireAtMs != 0) {
+		if op.Kind == shardkvpb.WriteOp_EXPIRE || (op.Kind == shardkvpb.WriteOp_PUT && (op.ExpireAtMs != 0 || op.TtlMs != nil)) {
 			b.add(11+k, 0) // new expiry index entry
 		}
 		if c := op.Session.GetClientId(); c != 0 {

@@ -268,8 +268,21 @@ func (a *applyCtx) expireKeys() (any, error) {
 	return n, nil
 }
 
+// expiryDue reports whether a key of a served shard is due by the time
+// the next entry will carry: the group's time (not this replica's clock,
+// which may have jumped), or the log clock if that is ahead (a shard
+// imported from a group whose clock is ahead). The leader then proposes
+// expireKeys.
+func (g *Group) expiryDue() bool {
+	now := g.sm.LogTime()
+	if t, ok := g.r.GroupTime(); ok && t.After(now) {
+		now = t
+	}
+	return g.sm.expiryDue(now.UnixMilli())
+}
+
 // expiryDue reports whether a key of a served shard is past its expiry at
-// nowMs (the leader then proposes expireKeys).
+// nowMs.
 func (sm *StateMachine) expiryDue(nowMs int64) bool {
 	due := false
 	_ = sm.store.DB().View(func(txn *badger.Txn) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -24,7 +23,8 @@ import (
 var ErrReadLimit = errors.New("read stopped at the caller's memory limit")
 
 // ReadKeys reads keys (of one shard) linearizably: a ReadIndex round, then
-// local state with the local clock deciding expiry. A follower serves it
+// local state with the log clock of that state deciding expiry (never the
+// local clock: see GetEntry). A follower serves it
 // only if followerReads; otherwise it refuses with NOT_LEADER. If reserve
 // is set, it is asked for each value's size before the value is kept; when
 // it refuses, ReadKeys returns the values of the keys before it and
@@ -53,21 +53,29 @@ func (g *Group) ReadKeys(ctx context.Context, keys [][]byte, followerReads bool,
 		}
 		return nil, fmt.Errorf("read barrier: %w", err)
 	}
-	now := time.Now().UnixMilli()
-	out := make([]ValueEntry, len(keys))
-	for i, k := range keys {
-		e, code, err := g.sm.GetEntry(k, now)
-		if err != nil {
-			return nil, err
-		}
-		if code != OK {
+	out := make([]ValueEntry, 0, len(keys))
+	var refused error
+	limited := false
+	err := g.sm.GetEntries(keys, func(i int, e ValueEntry, code Code) bool {
+		switch {
+		case code != OK:
 			// The config moved on while we waited for the barrier.
-			return nil, g.refuse(k, code, !followerReads)
+			refused = g.refuse(keys[i], code, !followerReads)
+		case reserve != nil && !reserve(len(e.Value)):
+			limited = true
+		default:
+			out = append(out, e)
+			return true
 		}
-		if reserve != nil && !reserve(len(e.Value)) {
-			return out[:i], ErrReadLimit
-		}
-		out[i] = e
+		return false
+	})
+	switch {
+	case err != nil:
+		return nil, err
+	case refused != nil:
+		return nil, refused
+	case limited:
+		return out, ErrReadLimit
 	}
 	return out, nil
 }

@@ -204,7 +204,11 @@ func (g *logGen) log() []raftgroup.Entry {
 		ents = append(ents, g.entry(cmd))
 		if g.intn(6) == 0 {
 			g.index++
-			ents = append(ents, raftgroup.Entry{Index: g.index, Term: 1}) // no command
+			e := raftgroup.Entry{Index: g.index, Term: 1} // no command
+			if g.intn(2) == 0 {
+				e.Time = g.now.Add(time.Duration(g.byte()) * 10 * time.Millisecond) // a clock entry
+			}
+			ents = append(ents, e)
 		}
 	}
 	return ents
@@ -280,8 +284,12 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 			}
 		}
 		if op.Kind == shardkvpb.WriteOp_PUT || op.Kind == shardkvpb.WriteOp_EXPIRE {
-			if g.intn(2) == 0 {
+			switch g.intn(4) {
+			case 0, 1:
 				op.ExpireAtMs = g.now.UnixMilli() + int64(g.intn(200))*50 - 2000
+			case 2:
+				ttl := int64(g.intn(200))*50 - 2000 // relative: resolved at apply
+				op.TtlMs = &ttl
 			}
 		}
 		if c := g.intn(4); c > 0 {
@@ -313,6 +321,9 @@ func (g *logGen) chunk() *shardkvpb.InsertChunk {
 	}
 	if g.intn(4) == 0 {
 		c.AfterKey = binary.BigEndian.AppendUint16(nil, uint16(s)) // stale
+	}
+	if g.intn(2) == 0 {
+		c.LogTimeNs = g.now.Add(time.Duration(g.intn(64)-32) * time.Second).UnixNano() // the source's clock
 	}
 	return c
 }

@@ -3,7 +3,6 @@ package shardkv
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -34,16 +33,20 @@ func (g *Group) MultiGet(ctx context.Context, req *shardkvpb.MultiGetRequest) (*
 		return nil, raftgroup.GRPCError(err)
 	}
 	out := &shardkvpb.MultiGetReply{}
-	now := time.Now().UnixMilli()
-	for _, k := range req.Keys {
-		e, code, err := g.sm.GetEntry(k, now)
-		if err != nil {
-			return nil, internal(err)
-		}
+	var refused error
+	err := g.sm.GetEntries(req.Keys, func(i int, e ValueEntry, code Code) bool {
 		if code != OK {
-			return nil, g.opError(k, code, false)
+			refused = g.opError(req.Keys[i], code, false)
+			return false
 		}
 		out.Values = append(out.Values, &shardkvpb.GetReply{Value: e.Value, Found: e.Found})
+		return true
+	})
+	if err != nil {
+		return nil, internal(err)
+	}
+	if refused != nil {
+		return nil, refused
 	}
 	return out, nil
 }

@@ -81,7 +81,7 @@ func (g *Group) run() {
 		}
 		if _, running := tasks["expire-keys"]; !running && time.Since(lastKeyExpire) >= g.cfg.ExpireKeysEvery {
 			lastKeyExpire = time.Now()
-			if g.sm.expiryDue(time.Now().UnixMilli()) {
+			if g.expiryDue() {
 				g.spawn(lead.ctx, tasks, taskDone, "expire-keys", func(ctx context.Context) {
 					ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 					defer cancel()
@@ -90,7 +90,7 @@ func (g *Group) run() {
 					// some and more are due.
 					for {
 						res, err := g.propose(ctx, &shardkvpb.GroupCommand{ExpireKeys: true})
-						if n, _ := res.(int); err != nil || n == 0 || !g.sm.expiryDue(time.Now().UnixMilli()) {
+						if n, _ := res.(int); err != nil || n == 0 || !g.expiryDue() {
 							return
 						}
 					}
@@ -247,7 +247,7 @@ func (g *Group) pull(ctx context.Context, s int, m ShardMeta) {
 						}
 					}
 					last := chunk.Last && i == len(pieces)-1
-					if err := g.install(ctx, s, m, at, kvs, last, chunk.TotalKeys); errors.Is(err, errChunkCut) {
+					if err := g.install(ctx, s, m, at, kvs, last, chunk); errors.Is(err, errChunkCut) {
 						return nil // installed up to the log's resume point: pull again from there
 					} else if err != nil {
 						return err
@@ -262,13 +262,14 @@ func (g *Group) pull(ctx context.Context, s int, m ShardMeta) {
 	})
 }
 
-// install proposes one install entry of shard s after at's resume point.
-func (g *Group) install(ctx context.Context, s int, m, at ShardMeta, kvs []*shardkvpb.KeyValue, last bool, total uint64) error {
+// install proposes one install entry of shard s after at's resume point:
+// kvs, a piece of chunk.
+func (g *Group) install(ctx context.Context, s int, m, at ShardMeta, kvs []*shardkvpb.KeyValue, last bool, chunk *shardkvpb.ShardChunk) error {
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	v, err := g.propose(pctx, &shardkvpb.GroupCommand{Insert: &shardkvpb.InsertChunk{
 		Shard: uint32(s), ConfigNum: m.Config, AfterKey: at.Resume, Resume: at.Resumed,
-		Kvs: kvs, Last: last, TotalKeys: total}})
+		Kvs: kvs, Last: last, TotalKeys: chunk.TotalKeys, LogTimeNs: chunk.LogTimeNs}})
 	if raftgroup.IsTooLarge(err) {
 		// Only a record above the entry limit (written under a larger
 		// limit than this replica's) gets here: say so, the pull retries.

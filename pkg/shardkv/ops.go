@@ -39,7 +39,7 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, maxV
 		if (op.Cond == shardkvpb.WriteOp_IF_ABSENT && oldLive) || (op.Cond == shardkvpb.WriteOp_IF_PRESENT && !oldLive) {
 			return nil, nil
 		}
-		exp := op.ExpireAtMs
+		exp := opExpiry(op, nowMs)
 		if op.KeepTtl {
 			exp = oldExpiry
 		}
@@ -111,7 +111,7 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, maxV
 			return nil, nil
 		}
 		// No expiry counts as an infinite one (Redis 7's GT/LT).
-		cur, next := oldExpiry, op.ExpireAtMs
+		cur, next := oldExpiry, opExpiry(op, nowMs)
 		switch op.Cond {
 		case shardkvpb.WriteOp_IF_ABSENT:
 			if cur != 0 {
@@ -147,6 +147,25 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, maxV
 		return &record{Value: old.Value}, nil
 	}
 	return nil, fmt.Errorf("unknown write kind %v", op.Kind)
+}
+
+// opExpiry is the absolute expiry (Unix ms, 0: none) op asks for: its
+// relative ttl_ms from the entry's log time, so that a relative TTL never
+// depends on a proxy's or a leader's own clock, or else its expire_at_ms.
+// A relative one saturates rather than overflow, and is at least 1 (0 is
+// none; a negative time would sort last in the expiry index, never purged).
+func opExpiry(op *shardkvpb.WriteOp, nowMs int64) int64 {
+	if op.TtlMs == nil {
+		return op.ExpireAtMs
+	}
+	switch ttl := *op.TtlMs; {
+	case ttl > 0 && nowMs > math.MaxInt64-ttl:
+		return math.MaxInt64
+	case ttl < 0 && nowMs < math.MinInt64-ttl:
+		return 1
+	default:
+		return max(nowMs+ttl, 1)
+	}
 }
 
 // parseIntValue parses a value as Redis does for INCR: a canonical signed

@@ -1,9 +1,11 @@
 package shardkv
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/routing"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
@@ -26,7 +28,7 @@ func delta(d int64) func(*shardkvpb.WriteOp) { return func(o *shardkvpb.WriteOp)
 
 func (h *smHarness) entry(key string) ValueEntry {
 	h.t.Helper()
-	e, code, err := h.sm.GetEntry([]byte(key), h.now.UnixMilli())
+	e, code, err := h.sm.getEntry([]byte(key), h.now.UnixMilli())
 	if err != nil || code != OK {
 		h.t.Fatalf("get %s: %v %v", key, code, err)
 	}
@@ -175,5 +177,55 @@ func TestKeysExpireThroughTheLog(t *testing.T) {
 	h.now = h.now.Add(time.Second)
 	if n := h.apply(&shardkvpb.GroupCommand{ExpireKeys: true}); n != 1 || h.entry("long").Found || !h.entry("forever").Found {
 		t.Fatalf("expired %v; long found %v, forever found %v", n, h.entry("long").Found, h.entry("forever").Found)
+	}
+}
+
+// TestRelativeTTLAtApply: a relative expiry (ttl_ms) becomes absolute
+// from the entry's log time, whatever clock the proposer had; a
+// non-positive one on EXPIRE deletes the key.
+func TestRelativeTTLAtApply(t *testing.T) {
+	h := newSMHarness(t)
+	ms := func(v int64) func(*shardkvpb.WriteOp) { return func(o *shardkvpb.WriteOp) { o.TtlMs = &v } }
+	h.write(op(shardkvpb.WriteOp_PUT, "k", val("v"), ms(1500)))
+	if e := h.entry("k"); e.ExpireAtMs != h.now.UnixMilli()+1500 {
+		t.Fatalf("PUT ttl 1500 at %d: expiry %d", h.now.UnixMilli(), e.ExpireAtMs)
+	}
+	h.now = h.now.Add(time.Second)
+	h.write(op(shardkvpb.WriteOp_EXPIRE, "k", ms(60_000), cond(shardkvpb.WriteOp_IF_GREATER)))
+	if e := h.entry("k"); e.ExpireAtMs != h.now.UnixMilli()+60_000 {
+		t.Fatalf("EXPIRE GT ttl 60000 at %d: expiry %d", h.now.UnixMilli(), e.ExpireAtMs)
+	}
+	if r := h.write(op(shardkvpb.WriteOp_EXPIRE, "k", ms(-1))); !r.Result.Ok {
+		t.Fatal("EXPIRE -1 refused")
+	}
+	if e, code, err := h.sm.GetEntry([]byte("k")); err != nil || code != OK || e.Found {
+		t.Fatalf("EXPIRE -1 left the key: %+v %v %v", e, code, err)
+	}
+}
+
+// TestChunkRaisesLogClock: an installed chunk carries its source's log
+// clock, and ours moves up to it, never back: a key the source saw
+// expired is not live here.
+func TestChunkRaisesLogClock(t *testing.T) {
+	h := pullingHarness(t)
+	key := []byte("k")
+	for i := 0; routing.ShardOf(key, 4) != 3; i++ {
+		key = fmt.Appendf(nil, "k%d", i)
+	}
+	ahead := h.now.Add(time.Minute) // the source's log clock
+	res := h.apply(&shardkvpb.GroupCommand{Insert: &shardkvpb.InsertChunk{Shard: 3, ConfigNum: 2, Last: true, TotalKeys: 1, LogTimeNs: ahead.UnixNano(),
+		Kvs: []*shardkvpb.KeyValue{{Key: dataKey(3, key), Record: record{ExpireAtMs: h.now.Add(30 * time.Second).UnixMilli(), Value: []byte("v")}.encode()}}}})
+	if res != nil {
+		t.Fatalf("insert: %v", res)
+	}
+	if got := h.sm.LogTime(); !got.Equal(ahead) {
+		t.Fatalf("log clock %v after a chunk from %v", got, ahead)
+	}
+	h.apply(&shardkvpb.GroupCommand{ExpireKeys: true}) // an entry with the older time
+	if got := h.sm.LogTime(); !got.Equal(ahead) {
+		t.Fatalf("log clock went back to %v", got)
+	}
+	if e, code, err := h.sm.GetEntry(key); err != nil || code != OK || e.Found {
+		t.Fatalf("key expired at its source is live here: %+v %v %v", e, code, err)
 	}
 }

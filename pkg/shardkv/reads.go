@@ -1,6 +1,8 @@
 package shardkv
 
 import (
+	"encoding/binary"
+
 	"github.com/dgraph-io/badger/v4"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/routing"
@@ -12,6 +14,9 @@ type ValueEntry struct {
 	Found      bool
 	Value      []byte
 	ExpireAtMs int64 // 0: no expiry
+	// NowMs is the log time (Unix ms) the read judged expiry at: that of
+	// the state it read. A TTL is ExpireAtMs-NowMs (docs/time.md).
+	NowMs int64
 }
 
 // Config returns the current config.
@@ -98,34 +103,88 @@ func ownership(gid uint64, conf *shardkvpb.Config, meta func(int) ShardMeta, key
 	return s, WrongGroup
 }
 
-// Get reads key from local state. nowMs decides expiry.
+// Get reads key from local state with nowMs deciding expiry (tests and
+// tools; the service reads by the log clock, GetEntry).
 func (sm *StateMachine) Get(key []byte, nowMs int64) ([]byte, bool, Code, error) {
-	e, code, err := sm.GetEntry(key, nowMs)
+	e, code, err := sm.getEntry(key, nowMs)
 	return e.Value, e.Found, code, err
 }
 
-// GetEntry reads key and its expiry from local state. nowMs decides expiry.
-func (sm *StateMachine) GetEntry(key []byte, nowMs int64) (ValueEntry, Code, error) {
+// GetEntry reads key and its expiry from local state, judging expiry by
+// the log clock stored with the state it reads (ValueEntry.NowMs), never
+// by a local clock: every replica, leader or not, and every write at the
+// same point of the log decide the same.
+func (sm *StateMachine) GetEntry(key []byte) (ValueEntry, Code, error) {
+	return sm.getEntry(key, -1)
+}
+
+// GetEntries reads keys as GetEntry does, all from one view of the state
+// (one log time), and calls f with each key's entry, or the Code that
+// refuses it, in order, until f returns false.
+func (sm *StateMachine) GetEntries(keys [][]byte, f func(i int, e ValueEntry, code Code) bool) error {
+	return sm.store.DB().View(func(txn *badger.Txn) error {
+		ns, err := logTime(txn)
+		if err != nil {
+			return err
+		}
+		for i, k := range keys {
+			e, code, err := sm.readEntry(txn, k, ns/1e6)
+			if err != nil {
+				return err
+			}
+			if !f(i, e, code) {
+				return nil
+			}
+		}
+		return nil
+	})
+}
+
+// getEntry reads key; nowMs < 0: at the log time of the state read.
+func (sm *StateMachine) getEntry(key []byte, nowMs int64) (e ValueEntry, code Code, err error) {
+	err = sm.store.DB().View(func(txn *badger.Txn) error {
+		if nowMs < 0 {
+			ns, err := logTime(txn)
+			if err != nil {
+				return err
+			}
+			nowMs = ns / 1e6
+		}
+		e, code, err = sm.readEntry(txn, key, nowMs)
+		return err
+	})
+	return e, code, err
+}
+
+// readEntry reads key in txn, nowMs deciding expiry.
+func (sm *StateMachine) readEntry(txn *badger.Txn, key []byte, nowMs int64) (ValueEntry, Code, error) {
 	s, code := sm.route(key)
 	if code != OK {
 		return ValueEntry{}, code, nil
 	}
-	var e ValueEntry
-	err := sm.store.DB().View(func(txn *badger.Txn) error {
-		v, err := raftgroup.GetValue(txn, dataKey(s, key))
-		if err != nil || v == nil {
-			return err
-		}
-		r, err := decodeRecord(v)
-		if err != nil {
-			return err
-		}
-		if r.live(nowMs) {
-			e = ValueEntry{Found: true, Value: r.Value, ExpireAtMs: r.ExpireAtMs}
-		}
-		return nil
-	})
-	return e, code, err
+	e := ValueEntry{NowMs: nowMs}
+	v, err := raftgroup.GetValue(txn, dataKey(s, key))
+	if err != nil || v == nil {
+		return e, code, err
+	}
+	r, err := decodeRecord(v)
+	if err != nil {
+		return e, code, err
+	}
+	if r.live(nowMs) {
+		e = ValueEntry{Found: true, Value: r.Value, ExpireAtMs: r.ExpireAtMs, NowMs: nowMs}
+	}
+	return e, code, nil
+}
+
+// logTime is the log clock (Unix ns) stored with the state txn reads: the
+// apply stores it in the same transaction as the changes.
+func logTime(txn *badger.Txn) (int64, error) {
+	v, err := raftgroup.GetValue(txn, keyLogTime)
+	if err != nil || len(v) != 8 {
+		return 0, err
+	}
+	return int64(binary.BigEndian.Uint64(v)), nil
 }
 
 // CountKeys counts the live and tombstoned keys held for shard s (any state).

@@ -3,7 +3,6 @@ package shardkv
 import (
 	"bytes"
 	"fmt"
-	"time"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/shardkv/shardkv/pkg/routing"
@@ -78,8 +77,12 @@ func (g *Group) slotKeys(slot int, f func(key []byte) bool) error {
 		return nil
 	}
 	prefix := append(shardPrefix(routing.Shard(slot, n)), tagData)
-	now := time.Now().UnixMilli()
 	return g.sm.store.DB().View(func(txn *badger.Txn) error {
+		ns, err := logTime(txn) // expiry as of the state read (GetEntry)
+		if err != nil {
+			return err
+		}
+		now := ns / 1e6
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
@@ -125,8 +128,12 @@ func (g *Group) Scan(after []byte, count int, match func(key []byte) bool) (keys
 		count = 10
 	}
 	shards := g.sm.Shards()
-	now := time.Now().UnixMilli()
 	err = g.sm.store.DB().View(func(txn *badger.Txn) error {
+		ns, err := logTime(txn) // expiry as of the state read (GetEntry)
+		if err != nil {
+			return err
+		}
+		now := ns / 1e6
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'d'}})
 		defer it.Close()
 		it.Rewind()

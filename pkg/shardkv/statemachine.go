@@ -1,10 +1,10 @@
 package shardkv
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
@@ -21,7 +21,7 @@ type StateMachine struct {
 	config  *shardkvpb.Config // current
 	prev    *shardkvpb.Config // the one before (source of pulls)
 	shards  map[int]ShardMeta // shards not NotOwned
-	logTime int64             // monotonic log clock (ns)
+	logTime int64             // log clock (Unix ns), never moving back (docs/time.md)
 	changed chan struct{}     // closed and replaced on every state change that loops care about
 	txnMax  budget            // badger's per-transaction limits, from Open
 
@@ -64,13 +64,9 @@ func (sm *StateMachine) load(txn *badger.Txn) error {
 			}
 		}
 	}
-	v, err := raftgroup.GetValue(txn, keyLogTime)
-	if err != nil {
+	var err error
+	if sm.logTime, err = logTime(txn); err != nil {
 		return err
-	}
-	sm.logTime = 0
-	if v != nil {
-		sm.logTime = int64(binary.BigEndian.Uint64(v))
 	}
 	sm.shards = map[int]ShardMeta{}
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'s'}, PrefetchValues: true})
@@ -85,4 +81,26 @@ func (sm *StateMachine) load(txn *badger.Txn) error {
 		sm.shards[s] = m
 	}
 	return nil
+}
+
+// TimeDependent implements raftgroup.TimeDependent: while any key has an
+// expiry, reads change as time passes, so the leader keeps the log clock
+// fresh (docs/time.md). It is one seek in the expiry index.
+func (sm *StateMachine) TimeDependent() bool {
+	found := false
+	_ = sm.store.DB().View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'x'}})
+		defer it.Close()
+		it.Rewind()
+		found = it.Valid()
+		return nil
+	})
+	return found
+}
+
+// LogTime is the log clock as of the last applied entry.
+func (sm *StateMachine) LogTime() time.Time {
+	sm.mu.RLock()
+	defer sm.mu.RUnlock()
+	return time.Unix(0, sm.logTime).UTC()
 }

@@ -75,7 +75,13 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 		total++
 	}
 	kit.Close()
-	chunk := &shardkvpb.ShardChunk{TotalKeys: total}
+	// The log clock travels with the shard (docs/time.md): the view is
+	// final, and so is the time the source judged it at.
+	now, err := logTime(txn)
+	if err != nil {
+		return err
+	}
+	chunk := &shardkvpb.ShardChunk{TotalKeys: total, LogTimeNs: now}
 	size := 0
 	it.Rewind()
 	if resume {
@@ -96,7 +102,7 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 			if err := send(chunk); err != nil {
 				return err
 			}
-			chunk, size = &shardkvpb.ShardChunk{TotalKeys: total}, 0
+			chunk, size = &shardkvpb.ShardChunk{TotalKeys: total, LogTimeNs: now}, 0
 		}
 		chunk.Kvs = append(chunk.Kvs, kv)
 		size += n
@@ -143,6 +149,10 @@ func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 	if err := a.room(size); err != nil {
 		return nil, err
 	}
+	// Time travels with the shard: the source judged these records at its
+	// log clock, so ours moves up to it, never back. A key the source saw
+	// expired stays expired here, and a TTL never ends earlier than there.
+	a.nowNS = max(a.nowNS, c.LogTimeNs)
 	for _, kv := range c.Kvs[:n] {
 		val := kv.Record
 		if kv.Key[len(prefix)] == tagData {

@@ -202,11 +202,14 @@ type InsertChunk struct {
 	ConfigNum uint64                 `protobuf:"varint,2,opt,name=config_num,json=configNum,proto3" json:"config_num,omitempty"`
 	// Continuity: the chunk applies only if the shard's resume point equals
 	// this (so duplicates and stale chunks are ignored).
-	AfterKey      []byte      `protobuf:"bytes,3,opt,name=after_key,json=afterKey,proto3" json:"after_key,omitempty"`
-	Resume        bool        `protobuf:"varint,4,opt,name=resume,proto3" json:"resume,omitempty"`
-	Kvs           []*KeyValue `protobuf:"bytes,5,rep,name=kvs,proto3" json:"kvs,omitempty"`
-	Last          bool        `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
-	TotalKeys     uint64      `protobuf:"varint,7,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"`
+	AfterKey  []byte      `protobuf:"bytes,3,opt,name=after_key,json=afterKey,proto3" json:"after_key,omitempty"`
+	Resume    bool        `protobuf:"varint,4,opt,name=resume,proto3" json:"resume,omitempty"`
+	Kvs       []*KeyValue `protobuf:"bytes,5,rep,name=kvs,proto3" json:"kvs,omitempty"`
+	Last      bool        `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
+	TotalKeys uint64      `protobuf:"varint,7,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"`
+	// The source's log clock (ShardChunk.log_time_ns): the apply raises the
+	// log clock to at least it.
+	LogTimeNs     int64 `protobuf:"varint,8,opt,name=log_time_ns,json=logTimeNs,proto3" json:"log_time_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -290,6 +293,13 @@ func (x *InsertChunk) GetTotalKeys() uint64 {
 	return 0
 }
 
+func (x *InsertChunk) GetLogTimeNs() int64 {
+	if x != nil {
+		return x.LogTimeNs
+	}
+	return 0
+}
+
 var File_grouplog_proto protoreflect.FileDescriptor
 
 const file_grouplog_proto_rawDesc = "" +
@@ -311,7 +321,7 @@ const file_grouplog_proto_rawDesc = "" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +
-	"config_num\x18\x02 \x01(\x04R\tconfigNum\"\xd2\x01\n" +
+	"config_num\x18\x02 \x01(\x04R\tconfigNum\"\xf2\x01\n" +
 	"\vInsertChunk\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +
@@ -321,7 +331,8 @@ const file_grouplog_proto_rawDesc = "" +
 	"\x03kvs\x18\x05 \x03(\v2\x14.shardkv.v1.KeyValueR\x03kvs\x12\x12\n" +
 	"\x04last\x18\x06 \x01(\bR\x04last\x12\x1d\n" +
 	"\n" +
-	"total_keys\x18\a \x01(\x04R\ttotalKeysB*Z(github.com/shardkv/shardkv/pkg/shardkvpbb\x06proto3"
+	"total_keys\x18\a \x01(\x04R\ttotalKeys\x12\x1e\n" +
+	"\vlog_time_ns\x18\b \x01(\x03R\tlogTimeNsB*Z(github.com/shardkv/shardkv/pkg/shardkvpbb\x06proto3"
 
 var (
 	file_grouplog_proto_rawDescOnce sync.Once

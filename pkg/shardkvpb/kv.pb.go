@@ -225,15 +225,21 @@ type WriteOp struct {
 	// Return the value before the write (kept in the dedup table too, so a
 	// retried duplicate gets the same answer).
 	ReturnPrev bool `protobuf:"varint,7,opt,name=return_prev,json=returnPrev,proto3" json:"return_prev,omitempty"`
-	// PUT and EXPIRE: the absolute expiry in Unix milliseconds, decided by
-	// the leader when it proposes (0: none).
+	// PUT and EXPIRE: the absolute expiry in Unix milliseconds (0: none),
+	// unless ttl_ms is set.
 	ExpireAtMs int64 `protobuf:"varint,8,opt,name=expire_at_ms,json=expireAtMs,proto3" json:"expire_at_ms,omitempty"`
 	// PUT: keep the existing key's expiry (SET KEEPTTL).
 	KeepTtl bool `protobuf:"varint,9,opt,name=keep_ttl,json=keepTtl,proto3" json:"keep_ttl,omitempty"`
 	// PUT and EXPIRE: execute only if the condition holds (ok=false if not).
 	Cond WriteOp_Cond `protobuf:"varint,10,opt,name=cond,proto3,enum=shardkv.v1.WriteOp_Cond" json:"cond,omitempty"`
 	// INCR: the increment.
-	Delta         int64 `protobuf:"varint,11,opt,name=delta,proto3" json:"delta,omitempty"`
+	Delta int64 `protobuf:"varint,11,opt,name=delta,proto3" json:"delta,omitempty"`
+	// PUT and EXPIRE: a relative expiry in milliseconds, in place of
+	// expire_at_ms: the apply adds it to the entry's log time, so it never
+	// depends on a proxy's or a leader's own clock (docs/time.md). A value
+	// at or below 0 makes an expiry at or before the entry's time (EXPIRE
+	// then deletes the key).
+	TtlMs         *int64 `protobuf:"varint,12,opt,name=ttl_ms,json=ttlMs,proto3,oneof" json:"ttl_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -341,6 +347,13 @@ func (x *WriteOp) GetCond() WriteOp_Cond {
 func (x *WriteOp) GetDelta() int64 {
 	if x != nil {
 		return x.Delta
+	}
+	return 0
+}
+
+func (x *WriteOp) GetTtlMs() int64 {
+	if x != nil && x.TtlMs != nil {
+		return *x.TtlMs
 	}
 	return 0
 }
@@ -991,9 +1004,13 @@ type ShardChunk struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Kvs   []*KeyValue            `protobuf:"bytes,1,rep,name=kvs,proto3" json:"kvs,omitempty"`
 	// The shard's dedup table, sent with the last chunk.
-	Dedup         []*DedupEntry `protobuf:"bytes,2,rep,name=dedup,proto3" json:"dedup,omitempty"`
-	Last          bool          `protobuf:"varint,3,opt,name=last,proto3" json:"last,omitempty"`
-	TotalKeys     uint64        `protobuf:"varint,4,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"` // keys in the shard (every chunk)
+	Dedup     []*DedupEntry `protobuf:"bytes,2,rep,name=dedup,proto3" json:"dedup,omitempty"`
+	Last      bool          `protobuf:"varint,3,opt,name=last,proto3" json:"last,omitempty"`
+	TotalKeys uint64        `protobuf:"varint,4,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"` // keys in the shard (every chunk)
+	// The source group's log clock (Unix ns) for the frozen shard: the new
+	// owner's log clock is raised to at least it, so no key the source saw
+	// expired is live again there.
+	LogTimeNs     int64 `protobuf:"varint,5,opt,name=log_time_ns,json=logTimeNs,proto3" json:"log_time_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1052,6 +1069,13 @@ func (x *ShardChunk) GetLast() bool {
 func (x *ShardChunk) GetTotalKeys() uint64 {
 	if x != nil {
 		return x.TotalKeys
+	}
+	return 0
+}
+
+func (x *ShardChunk) GetLogTimeNs() int64 {
+	if x != nil {
+		return x.LogTimeNs
 	}
 	return 0
 }
@@ -1283,7 +1307,7 @@ const file_kv_proto_rawDesc = "" +
 	"\aSession\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xb7\x04\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xde\x04\n" +
 	"\aWriteOp\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.shardkv.v1.WriteOp.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1298,7 +1322,8 @@ const file_kv_proto_rawDesc = "" +
 	"\bkeep_ttl\x18\t \x01(\bR\akeepTtl\x12,\n" +
 	"\x04cond\x18\n" +
 	" \x01(\x0e2\x18.shardkv.v1.WriteOp.CondR\x04cond\x12\x14\n" +
-	"\x05delta\x18\v \x01(\x03R\x05delta\"c\n" +
+	"\x05delta\x18\v \x01(\x03R\x05delta\x12\x1a\n" +
+	"\x06ttl_ms\x18\f \x01(\x03H\x00R\x05ttlMs\x88\x01\x01\"c\n" +
 	"\x04Kind\x12\a\n" +
 	"\x03PUT\x10\x00\x12\n" +
 	"\n" +
@@ -1321,7 +1346,8 @@ const file_kv_proto_rawDesc = "" +
 	"\n" +
 	"IF_GREATER\x10\x03\x12\v\n" +
 	"\aIF_LESS\x10\x04\x12\x13\n" +
-	"\x0fIF_PRESENT_LESS\x10\x05\"\xb1\x01\n" +
+	"\x0fIF_PRESENT_LESS\x10\x05B\t\n" +
+	"\a_ttl_ms\"\xb1\x01\n" +
 	"\vWriteResult\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x12\n" +
 	"\x04prev\x18\x02 \x01(\fR\x04prev\x12\x1d\n" +
@@ -1363,14 +1389,15 @@ const file_kv_proto_rawDesc = "" +
 	"\n" +
 	"DedupEntry\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x14\n" +
-	"\x05state\x18\x02 \x01(\fR\x05state\"\x95\x01\n" +
+	"\x05state\x18\x02 \x01(\fR\x05state\"\xb5\x01\n" +
 	"\n" +
 	"ShardChunk\x12&\n" +
 	"\x03kvs\x18\x01 \x03(\v2\x14.shardkv.v1.KeyValueR\x03kvs\x12,\n" +
 	"\x05dedup\x18\x02 \x03(\v2\x16.shardkv.v1.DedupEntryR\x05dedup\x12\x12\n" +
 	"\x04last\x18\x03 \x01(\bR\x04last\x12\x1d\n" +
 	"\n" +
-	"total_keys\x18\x04 \x01(\x04R\ttotalKeys\"^\n" +
+	"total_keys\x18\x04 \x01(\x04R\ttotalKeys\x12\x1e\n" +
+	"\vlog_time_ns\x18\x05 \x01(\x03R\tlogTimeNs\"^\n" +
 	"\x15ShardInstalledRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +
@@ -1479,6 +1506,7 @@ func file_kv_proto_init() {
 	}
 	file_ctrler_proto_init()
 	file_replica_proto_init()
+	file_kv_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

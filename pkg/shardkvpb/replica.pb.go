@@ -36,7 +36,11 @@ type RaftBatch struct {
 	Messages [][]byte `protobuf:"bytes,4,rep,name=messages,proto3" json:"messages,omitempty"`
 	// The sender's advertised address, so a new member can answer peers it
 	// has not yet learned about from the log.
-	FromAddr      string `protobuf:"bytes,5,opt,name=from_addr,json=fromAddr,proto3" json:"from_addr,omitempty"`
+	FromAddr string `protobuf:"bytes,5,opt,name=from_addr,json=fromAddr,proto3" json:"from_addr,omitempty"`
+	// The sender's wall clock when it sent the batch (Unix ns; 0 from
+	// replicas that predate it): the leader stamps log entries with the
+	// lower median of its voters' clocks (docs/time.md).
+	SentUnixNanos int64 `protobuf:"varint,6,opt,name=sent_unix_nanos,json=sentUnixNanos,proto3" json:"sent_unix_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -104,6 +108,13 @@ func (x *RaftBatch) GetFromAddr() string {
 		return x.FromAddr
 	}
 	return ""
+}
+
+func (x *RaftBatch) GetSentUnixNanos() int64 {
+	if x != nil {
+		return x.SentUnixNanos
+	}
+	return 0
 }
 
 type RaftAck struct {
@@ -932,13 +943,14 @@ var File_replica_proto protoreflect.FileDescriptor
 const file_replica_proto_rawDesc = "" +
 	"\n" +
 	"\rreplica.proto\x12\n" +
-	"shardkv.v1\"\x83\x01\n" +
+	"shardkv.v1\"\xab\x01\n" +
 	"\tRaftBatch\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\x04R\x04from\x12\x0e\n" +
 	"\x02to\x18\x03 \x01(\x04R\x02to\x12\x1a\n" +
 	"\bmessages\x18\x04 \x03(\fR\bmessages\x12\x1b\n" +
-	"\tfrom_addr\x18\x05 \x01(\tR\bfromAddr\"\t\n" +
+	"\tfrom_addr\x18\x05 \x01(\tR\bfromAddr\x12&\n" +
+	"\x0fsent_unix_nanos\x18\x06 \x01(\x03R\rsentUnixNanos\"\t\n" +
 	"\aRaftAck\"\x99\x01\n" +
 	"\rSnapshotChunk\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x12\n" +
