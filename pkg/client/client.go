@@ -195,6 +195,7 @@ func (c *Client) callGroup(ctx context.Context, key []byte, batch bool, f func(c
 			return nil
 		} else {
 			last = err
+			opts.AfterRound(ctx, err)
 			switch shardkvpb.Reason(err) {
 			case shardkvpb.ReasonWrongGroup:
 				refresh = true

@@ -11,6 +11,8 @@ import (
 
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // ErrNoReplicas is returned for a call given no addresses.
@@ -52,6 +54,19 @@ type CallOptions struct {
 	Final func(error) bool
 	// Backoff is the delay between Call's rounds.
 	Backoff Backoff
+}
+
+// MaxAttemptTimeout caps AfterRound's growth of AttemptTimeout.
+const MaxAttemptTimeout = 30 * time.Second
+
+// AfterRound doubles AttemptTimeout (up to MaxAttemptTimeout) when a round
+// ended because its attempts ran out of their own time while ctx has time
+// left: a request that needs longer than the budget (a large batch on a
+// loaded machine) would otherwise time out on every retry, for ever.
+func (o *CallOptions) AfterRound(ctx context.Context, err error) {
+	if o.AttemptTimeout > 0 && ctx.Err() == nil && status.Code(err) == codes.DeadlineExceeded {
+		o.AttemptTimeout = min(2*o.AttemptTimeout, max(MaxAttemptTimeout, o.AttemptTimeout))
+	}
 }
 
 // Attempt is one try on the replica at addr over cc. It may run several
@@ -126,6 +141,7 @@ func (c *Caller) Call(ctx context.Context, key uint64, addrs []string, opts Call
 		if err == nil || errors.Is(err, ErrClosed) || errors.Is(err, ErrNoReplicas) || (opts.Final != nil && opts.Final(err)) {
 			return err
 		}
+		opts.AfterRound(ctx, err)
 		if ctx.Err() == nil {
 			b.Wait(ctx)
 		}

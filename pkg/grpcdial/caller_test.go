@@ -226,3 +226,20 @@ func TestCallerAttemptTimeout(t *testing.T) {
 		t.Fatalf("round: %q, %v after %v", at, err, time.Since(start))
 	}
 }
+
+// TestCallerAttemptTimeoutGrows: a request every replica needs longer
+// than AttemptTimeout for (a large batch on a loaded machine) succeeds once
+// the budget has grown, instead of timing out on every retry until the
+// caller's deadline.
+func TestCallerAttemptTimeoutGrows(t *testing.T) {
+	a := startReplica(t)
+	a.set(func(int) error { time.Sleep(300 * time.Millisecond); return nil })
+	rs, _ := newCaller(t)
+	var at string
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	opts := grpcdial.CallOptions{AttemptTimeout: 50 * time.Millisecond, Backoff: grpcdial.Backoff{Base: time.Millisecond, Max: 10 * time.Millisecond}}
+	if err := rs.Call(ctx, 0, []string{a.addr}, opts, getter(&at)); err != nil || at != a.addr {
+		t.Fatalf("call of a replica that takes 300ms, attempts of 50ms at first: %q, %v", at, err)
+	}
+}
