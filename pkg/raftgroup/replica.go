@@ -207,7 +207,7 @@ func Open(cfg Config, sm StateMachine) (*Replica, error) {
 		return nil, fmt.Errorf("raftgroup: data dir: %w", err)
 	}
 	log := cfg.Logger.With("group", cfg.GroupID, "replica", cfg.ID)
-	db, err := badger.Open(badgerOptions(filepath.Join(cfg.Dir, "db"), log))
+	db, err := openBadger(filepath.Join(cfg.Dir, "db"), log)
 	if err != nil {
 		return nil, fmt.Errorf("raftgroup: open badger in %s: %w", cfg.Dir, err)
 	}
