@@ -358,6 +358,7 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 	// shard moves.
 	cfg := raftgroup.Config{GroupID: groupID, ID: o.ID, Addr: o.Advertise,
 		Dir: filepath.Join(o.DataDir, "raft"), Peers: o.Peers, Join: o.Join, Logger: log,
+		SnapshotEntries: o.SnapshotEntries, TrailingEntries: o.TrailingEntries,
 		MaxCommandBytes: max(raftgroup.DefaultMaxCommandBytes, shardkv.EntryBytesFor(o.MaxValueBytes, shardkv.DefaultMaxKeyBytes))}
 	if o.RESPAdvertise != "" {
 		// The engine knows no Redis: it reports the address it is given in
