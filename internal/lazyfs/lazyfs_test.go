@@ -302,7 +302,7 @@ func TestLazyFSOverwriteKeepsSize(t *testing.T) {
 	writeFile(t, p, []byte("0123456789"), 0, true)
 	writeFile(t, p, []byte("ab"), 0, true)
 	if got := readFile(t, p); got != "ab23456789" {
-		t.Fatalf("after the overwrite: %q", got)
+		t.Fatalf("after the overwrite: %d bytes %q...", len(got), got[:min(len(got), 16)])
 	}
 	writeFile(t, p, []byte("cd"), 4, false)
 	powerCut(t, f, 1) // the unsynced page kept: written back whole
