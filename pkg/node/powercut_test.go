@@ -525,6 +525,18 @@ func (c *pcCluster) restart(nodes []*pcNode) {
 	}
 }
 
+// slowDisks makes the syncs of badger's tables on gid's replicas slow, or
+// normal again.
+func (c *pcCluster) slowDisks(gid uint64, slow bool) {
+	for _, n := range c.groups[gid] {
+		if slow {
+			n.fs.DelaySync("*.sst", 500*time.Millisecond)
+		} else {
+			n.fs.DelaySync("", 0)
+		}
+	}
+}
+
 // maxMemFid is the highest memtable log number in a badger dir.
 func maxMemFid(dir string) int {
 	ents, _ := os.ReadDir(dir)
@@ -555,7 +567,8 @@ func (c *pcCluster) waitInstant(instant string, watch *pcNode, timeout time.Dura
 	case "rotation":
 		// Tables are slow to sync: a rotated memtable waits for its flush
 		// with its log the only copy of its writes.
-		watch.fs.DelaySync("*.sst", 500*time.Millisecond)
+		// (Until the caller's slowDisks(false).)
+		c.slowDisks(watch.gid, true)
 		dir := watch.dbDir(watch.backing)
 		from := maxMemFid(dir)
 		for time.Now().Before(deadline) {
@@ -596,13 +609,16 @@ type pcLoad struct {
 	stop       atomic.Bool
 	wg         sync.WaitGroup
 	keys       []string
+	onceMu     sync.Mutex
+	once       []string // write-once keys (whatever the outcome)
 	fills      atomic.Int64
 	fillFailed atomic.Int64
 }
 
 // startLoad runs 4 recorded clients doing gets, puts and appends on keys,
-// and one unrecorded filler writing fillBytes-byte values over fillKeys
-// (memtables fill, logs compact, shards grow).
+// and puts to write-once keys (a lost acknowledged write cannot hide
+// behind a later one), and one unrecorded filler writing fillBytes-byte
+// values over fillKeys (memtables fill, logs compact, shards grow).
 func startLoad(t *testing.T, ctrl []string, seed uint64, keys, fillKeys []string, fillBytes int) *pcLoad {
 	l := &pcLoad{rec: kvcheck.NewRecorder(), keys: keys}
 	for id := range 4 {
@@ -629,7 +645,20 @@ func startLoad(t *testing.T, ctrl []string, seed uint64, keys, fillKeys []string
 					} else {
 						p.Ok(v)
 					}
+				case x < 6:
+					p := l.rec.Start(id, kvcheck.Put, k, val)
+					if err = cl.Put(ctx, k, val); err != nil {
+						p.Fail(err)
+					} else {
+						p.Ok("")
+					}
 				case x < 8:
+					// The hash tag of keys[0] keeps it in the same shard
+					// (the moving one, in the migration test).
+					k = fmt.Sprintf("%sonce-%d-%d", routingTag(keys[r.IntN(len(keys))]), id, i)
+					l.onceMu.Lock()
+					l.once = append(l.once, k)
+					l.onceMu.Unlock()
 					p := l.rec.Start(id, kvcheck.Put, k, val)
 					if err = cl.Put(ctx, k, val); err != nil {
 						p.Fail(err)
@@ -677,6 +706,16 @@ func startLoad(t *testing.T, ctrl []string, seed uint64, keys, fillKeys []string
 	return l
 }
 
+// routingTag is key's hash tag in braces, or "".
+func routingTag(key string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key[i : i+j+2]
+		}
+	}
+	return ""
+}
+
 // finish stops the clients, reads every key once more (recorded: what an
 // acknowledged write left must be there) and checks the whole history.
 func (l *pcLoad) finish(t *testing.T, c *pcCluster) {
@@ -688,6 +727,35 @@ func (l *pcLoad) finish(t *testing.T, c *pcCluster) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
+	// The write-once keys, by batches: each read is recorded with the
+	// batch's call and return.
+	for len(l.once) > 0 {
+		batch := l.once[:min(len(l.once), 200)]
+		l.once = l.once[len(batch):]
+		for attempt := 1; ; attempt++ {
+			var ps []kvcheck.Pending
+			for _, k := range batch {
+				ps = append(ps, l.rec.Start(100, kvcheck.Get, k, ""))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			vals, err := cl.MultiGet(ctx, batch)
+			cancel()
+			for i, p := range ps {
+				if err != nil {
+					p.Fail(err)
+				} else {
+					p.Ok(vals[batch[i]])
+				}
+			}
+			if err == nil {
+				break
+			}
+			if attempt == 3 {
+				c.checkAlive(c.all)
+				t.Fatalf("final read of %d write-once keys: %v", len(batch), err)
+			}
+		}
+	}
 	for _, k := range l.keys {
 		for attempt := 1; ; attempt++ {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -901,7 +969,9 @@ func powerCutGroupRun(t *testing.T, seed uint64) {
 	}
 	load := startLoad(t, c.ctrlAddrs, seed, keys, fills, 128<<10)
 	group := c.groups[1]
+	// Each kind once, and one more.
 	kinds := []string{"one", "minority", "all"}
+	kinds = append(kinds, kinds[rng.IntN(3)])
 	rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 	for _, kind := range kinds {
 		time.Sleep(time.Second + time.Duration(rng.Int64N(int64(2*time.Second))))
@@ -931,6 +1001,7 @@ func powerCutGroupRun(t *testing.T, seed uint64) {
 			what = instant + " (not seen in 20s: at a random instant)"
 		}
 		c.powerCut(victims, keep, what)
+		c.slowDisks(1, false)
 		c.restart(victims)
 		c.waitGroup(1, 90*time.Second)
 	}
