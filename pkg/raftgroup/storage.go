@@ -267,28 +267,20 @@ func (s *logStorage) save(hs *pb.HardState, ents []*pb.Entry, sync bool) error {
 	s.mu.RUnlock()
 	wb := s.db.NewWriteBatch()
 	defer wb.Cancel()
-	// The hard state goes first: a batch split by badger keeps a prefix on a
-	// crash, and entries of a term must never be durable without that term.
-	if hasHS {
-		if err := wb.Set(keyHardState, mustMarshal(hs)); err != nil {
+	for _, op := range saveOps(hs, hasHS, ents, oldLast) {
+		var err error
+		if op.del {
+			err = wb.Delete(op.key)
+		} else {
+			err = wb.Set(op.key, op.val)
+		}
+		if err != nil {
 			return err
 		}
 	}
 	var newLast uint64
 	if len(ents) > 0 {
-		for _, e := range ents {
-			if err := wb.Set(logKey(e.GetIndex()), mustMarshal(e)); err != nil {
-				return err
-			}
-		}
 		newLast = ents[len(ents)-1].GetIndex()
-		// A new leader may overwrite a conflicting suffix that is longer than
-		// what it sends now: delete the rest.
-		for i := newLast + 1; i <= oldLast; i++ {
-			if err := wb.Delete(logKey(i)); err != nil {
-				return err
-			}
-		}
 	}
 	if err := wb.Flush(); err != nil {
 		return fmt.Errorf("raft log write: %w", err)
@@ -326,6 +318,41 @@ func (s *logStorage) save(hs *pb.HardState, ents []*pb.Entry, sync bool) error {
 		}
 	}
 	return nil
+}
+
+// logOp is one write of save, in the order it reaches the disk.
+type logOp struct {
+	key, val []byte
+	del      bool
+}
+
+// saveOps orders one Ready's writes so that every prefix of them is a state
+// raft can restart from: badger splits a large batch into transactions, each
+// atomic, and a power cut keeps a prefix of them.
+//
+//   - A conflicting suffix (a new leader overwrites entries from first on)
+//     is deleted, last entry first, before the new entries are written, so
+//     the log is always a contiguous run with terms that never go down.
+//   - The hard state comes last, as in etcd's WAL: its commit index may
+//     name entries of this very Ready, and a commit past the durable log
+//     is a replica that cannot start. Entries durable without their term
+//     or vote are safe: nothing of this Ready was acknowledged, and a vote
+//     that was never recorded was never sent.
+func saveOps(hs *pb.HardState, hasHS bool, ents []*pb.Entry, oldLast uint64) []logOp {
+	var ops []logOp
+	if len(ents) > 0 {
+		first := ents[0].GetIndex()
+		for i := oldLast; i >= first; i-- { // from the end: no gap midway
+			ops = append(ops, logOp{key: logKey(i), del: true})
+		}
+		for _, e := range ents {
+			ops = append(ops, logOp{key: logKey(e.GetIndex()), val: mustMarshal(e)})
+		}
+	}
+	if hasHS {
+		ops = append(ops, logOp{key: keyHardState, val: mustMarshal(hs)})
+	}
+	return ops
 }
 
 // setSnapshot records a new snapshot marker; the state machine must already
@@ -378,6 +405,18 @@ func (s *logStorage) compact(index uint64) error {
 	if err != nil {
 		return err
 	}
+	// Raft learns that the entries are gone before they go: a reader that
+	// saw the old first index could otherwise find a gap where it expects
+	// entries, which raft treats as fatal. Readers hold the read lock for
+	// their whole read, so none is still reading when the deletes start.
+	s.mu.Lock()
+	s.compacted.index, s.compacted.term = index, term
+	for len(s.tail) > 0 && s.tail[0].GetIndex() <= index {
+		s.tailBytes -= proto.Size(s.tail[0])
+		s.tail[0] = nil
+		s.tail = s.tail[1:]
+	}
+	s.mu.Unlock()
 	wb := s.db.NewWriteBatch()
 	defer wb.Cancel()
 	if err := wb.Set(keyCompacted, mustMarshal(&pb.Entry{Index: proto.Uint64(index), Term: proto.Uint64(term)})); err != nil {
@@ -388,18 +427,7 @@ func (s *logStorage) compact(index uint64) error {
 			return err
 		}
 	}
-	if err := wb.Flush(); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.compacted.index, s.compacted.term = index, term
-	for len(s.tail) > 0 && s.tail[0].GetIndex() <= index {
-		s.tailBytes -= proto.Size(s.tail[0])
-		s.tail[0] = nil
-		s.tail = s.tail[1:]
-	}
-	return nil
+	return wb.Flush()
 }
 
 // applySnapshot replaces the whole log by a received snapshot: the log is
