@@ -964,8 +964,10 @@ func powerCutGroupRun(t *testing.T, seed uint64) {
 	for i := range 12 {
 		keys = append(keys, fmt.Sprintf("k%02d", i))
 	}
-	for i := range 8 {
-		fills = append(fills, fmt.Sprintf("fill%d", i))
+	// Many filler keys, each rewritten every few seconds only: a lost
+	// write of one stays visible (replicas then disagree).
+	for i := range 48 {
+		fills = append(fills, fmt.Sprintf("fill%02d", i))
 	}
 	load := startLoad(t, c.ctrlAddrs, seed, keys, fills, 128<<10)
 	group := c.groups[1]
