@@ -1164,24 +1164,40 @@ func powerCutMigrationRun(t *testing.T, seed uint64) {
 		if err != nil {
 			t.Fatalf("move shard %d to %d: %v", shard, dst, err)
 		}
+		// The cut comes once the state shows on a replica of the target
+		// group and, for a pull, once some chunks are in (the apply of
+		// the next ones is under way), or right after it if the pull
+		// ended between two looks.
 		what := ""
+		seen := false
 		deadline := time.Now().Add(30 * time.Second)
 	watch:
 		for time.Now().Before(deadline) {
+			now := false
 			for _, n := range c.groups[target] {
 				gi, err := n.groupInfo(context.Background())
 				if err != nil {
 					continue
 				}
 				for _, s := range gi.Shards {
-					if int(s.Shard) == shard && s.State == state {
-						c.pause(150 * time.Millisecond)
-						what = fmt.Sprintf("%s of shard %d in group %d (%s seen on %s: %d keys, %d bytes)", stage, shard, target, state, n.name, s.Keys, s.Bytes)
-						break watch
+					if int(s.Shard) != shard || s.State != state {
+						continue
 					}
+					now = true
+					if state == "Pulling" && s.Keys == 0 && s.Bytes == 0 {
+						continue // not a chunk in yet
+					}
+					c.pause(100 * time.Millisecond)
+					what = fmt.Sprintf("%s of shard %d in group %d (%s seen on %s: %d keys, %d bytes in)", stage, shard, target, state, n.name, s.Keys, s.Bytes)
+					break watch
 				}
 			}
-			time.Sleep(3 * time.Millisecond)
+			if seen && !now {
+				what = fmt.Sprintf("%s of shard %d in group %d (just after %s ended)", stage, shard, target, state)
+				break
+			}
+			seen = seen || now
+			time.Sleep(2 * time.Millisecond)
 		}
 		if what == "" {
 			what = stage + " (not seen: at a random instant)"
