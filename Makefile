@@ -43,7 +43,7 @@ test:
 	@# values, and power cuts of badger in child processes, take minutes
 	@# under it).
 	$(GO) test -count=1 -timeout 10m -run 'LargeValue' ./pkg/shardkv/
-	$(GO) test -count=1 -timeout 15m -run 'PowerCut' ./pkg/raftgroup/
+	$(GO) test -count=1 -timeout 15m -run 'PowerCut|VlogSync' ./pkg/raftgroup/
 	@# Power cuts of whole clusters (node processes on lazyfs mounts): one
 	@# seeded run of each scenario, about a minute; SHARDKV_POWERCUT_RUNS
 	@# and SHARDKV_POWERCUT_SEED for a campaign (docs/engine.md).

@@ -44,6 +44,7 @@ type FS struct {
 	m        *mount
 	syncErr  syscall.Errno // fsyncs fail with it while set
 	failN    int           // ... for this many more fsyncs (-1: all)
+	failOf   string        // base-name pattern the failures apply to ("": all)
 	delay    time.Duration
 	delayOf  string // base-name pattern the delay applies to ("": all)
 	fsyncs   int64
@@ -234,9 +235,20 @@ func (f *FS) unmount() error {
 // FailSync makes the next n fsyncs (n < 0: all, until FailSync(0, 0))
 // fail with errno, storing nothing.
 func (f *FS) FailSync(n int, errno syscall.Errno) {
+	_ = f.FailSyncOf("", n, errno)
+}
+
+// FailSyncOf is FailSync for the files whose base name matches pattern
+// (filepath.Match; "" matches every file and directory): one kind of file
+// failing, as a disk's bad sector under one file does.
+func (f *FS) FailSyncOf(pattern string, n int, errno syscall.Errno) error {
+	if _, err := filepath.Match(pattern, ""); err != nil {
+		return fmt.Errorf("lazyfs: fail pattern %q: %w", pattern, err)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.failN, f.syncErr = n, errno
+	f.failN, f.syncErr, f.failOf = n, errno, pattern
+	return nil
 }
 
 // DelaySync makes every fsync of a file whose base name matches pattern
@@ -289,7 +301,7 @@ func (m *mount) beforeSync(ctx context.Context, path string) syscall.Errno {
 		delay = 0
 	}
 	var errno syscall.Errno
-	if f.failN != 0 {
+	if ok, _ := filepath.Match(f.failOf, filepath.Base(path)); f.failN != 0 && (f.failOf == "" || ok) {
 		errno = f.syncErr
 		if f.failN > 0 {
 			f.failN--

@@ -2,8 +2,11 @@ package raftgroup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync/atomic"
 
 	"github.com/dgraph-io/badger/v4"
 )
@@ -23,7 +26,7 @@ func StorageOptions(dir string) badger.Options {
 // docs/engine.md.
 func badgerOptions(dir string, log *slog.Logger) badger.Options {
 	o := badger.DefaultOptions(dir)
-	o.Logger = badgerLogger{log}
+	o.Logger = badgerLogger{l: log}
 	// Every write is durable when it returns. DB.Sync syncs only the
 	// active memtable's log: a write that went to a memtable rotated since
 	// (a Ready split into several badger batches, an apply transaction
@@ -60,10 +63,39 @@ func badgerOptions(dir string, log *slog.Logger) badger.Options {
 // the power-cut tests to show what it loses. Never build a release so.
 var syncWrites = true
 
-type badgerLogger struct{ l *slog.Logger }
+// badgerLogger adapts slog to badger's logger, and catches the one
+// durability failure badger only logs.
+type badgerLogger struct {
+	l     *slog.Logger
+	fault *syncFault // nil: not watched
+}
 
 func (b badgerLogger) Errorf(f string, a ...any) {
-	b.l.Error(fmt.Sprintf(f, a...), "component", "badger")
+	msg := fmt.Sprintf(f, a...)
+	b.l.Error(msg, "component", "badger")
+	if b.fault != nil && strings.HasPrefix(f, vlogSyncFailure) {
+		b.fault.set(errors.New(strings.TrimSpace(msg)))
+	}
+}
+
+// vlogSyncFailure starts the message badger (v4.9.6, valueLog.write) logs
+// when, under SyncWrites, the value log's fsync fails: the write still
+// returns success. TestVlogSyncFailureStops guards the message.
+const vlogSyncFailure = "Error while curlf sync"
+
+// syncFault records an fsync failure badger did not return. It is sticky:
+// after a failed fsync the kernel may have dropped the dirty pages, and a
+// later fsync can succeed without them (so a retry proves nothing).
+type syncFault struct{ err atomic.Pointer[error] }
+
+func (f *syncFault) set(err error) { f.err.CompareAndSwap(nil, &err) }
+
+// check returns the recorded failure, wrapped as fatal to durability.
+func (f *syncFault) check() error {
+	if p := f.err.Load(); p != nil {
+		return fmt.Errorf("raftgroup: a value-log fsync failed, so writes acknowledged as durable may not be: %w", *p)
+	}
+	return nil
 }
 func (b badgerLogger) Warningf(f string, a ...any) {
 	b.l.Warn(fmt.Sprintf(f, a...), "component", "badger")

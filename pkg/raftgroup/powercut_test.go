@@ -9,6 +9,7 @@ package raftgroup
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -42,6 +43,8 @@ func TestMain(m *testing.M) {
 		exitOn(powerCutLogChild(os.Getenv("RAFTGROUP_POWERCUT_DIR")))
 	case "check":
 		exitOn(powerCutCheckChild(os.Getenv("RAFTGROUP_POWERCUT_DIR")))
+	case "vlogfail":
+		exitOn(vlogFailChild(os.Getenv("RAFTGROUP_POWERCUT_DIR")))
 	}
 	os.Exit(2)
 }
@@ -90,7 +93,8 @@ func openCutStorage(dir string) (*badger.DB, *logStorage, error) {
 // N is durable), then apply the committed ones in a transaction that
 // records each entry's key and the applied index, unsynced (the next
 // Ready's sync covers it). One Ready in eight carries several MiB, more
-// than one badger batch holds.
+// than one badger batch holds; one in sixteen is followed by a compaction
+// of the log behind the applied index.
 func powerCutLogChild(dir string) error {
 	db, s, err := openCutStorage(dir)
 	if err != nil {
@@ -126,6 +130,13 @@ func powerCutLogChild(dir string) error {
 		w.Flush()
 		if err := cutApply(db, ents[0].GetIndex(), last); err != nil {
 			return err
+		}
+		// Compact now and then, as a replica does behind its applied
+		// index: a cut can fall inside the deletes.
+		if r%16 == 15 && last > 64 {
+			if err := s.compact(last - 64); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -185,9 +196,15 @@ func powerCutCheckChild(dir string) error {
 			return fmt.Errorf("entry %d differs from what was written", i)
 		}
 	}
+	if c := s.hard.GetCommit(); c > s.last {
+		return fmt.Errorf("the hard state's commit %d is past the log's last entry %d", c, s.last)
+	}
 	applied, err := cutApplied(db)
 	if err != nil {
 		return err
+	}
+	if applied < first-1 {
+		return fmt.Errorf("the log was compacted to %d, but the applied index is %d", first-1, applied)
 	}
 	if applied > s.last {
 		return fmt.Errorf("applied index %d past the log's last entry %d", applied, s.last)
@@ -311,4 +328,73 @@ func powerCutLogRun(t *testing.T, seed uint64) {
 			t.Fatalf("cut %d (keep %.1f): entry %d was acknowledged durable; after the power cut the log ends at %d, term %d", cut, keep, acked, last, term)
 		}
 	}
+}
+
+// vlogFailChild runs a one-replica group, says "ready", waits for a line
+// on stdin (the parent then fails the value log's fsyncs), proposes a
+// command large enough for the value log, and prints how it ended.
+func vlogFailChild(dir string) error {
+	r, err := openOne(dir)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for !r.IsLeader() {
+		if ctx.Err() != nil {
+			return errors.New("no leader")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Println("ready")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return err
+	}
+	_, err = r.Propose(ctx, bytes.Repeat([]byte{'v'}, 2<<20))
+	fmt.Printf("proposal: %v\n", err)
+	return nil
+}
+
+// TestVlogSyncFailureStops: badger, under SyncWrites, only logs a failed
+// value-log fsync and returns success for the write. The replica must not
+// acknowledge such a write: it stops instead (a later fsync could succeed
+// without the dropped pages, so there is no retrying).
+func TestVlogSyncFailureStops(t *testing.T) {
+	if err := lazyfs.Check(); err != nil {
+		t.Fatalf("power-cut tests need FUSE: %v (CI installs fuse3 and runs as root)", err)
+	}
+	mnt, backing := t.TempDir(), t.TempDir()
+	fs, err := lazyfs.Mount(mnt, backing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fs.Unmount()
+	cmd := child(t, "vlogfail", filepath.Join(mnt, "r"))
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() || lines.Text() != "ready" {
+		t.Fatalf("child: %q", lines.Text())
+	}
+	if err := fs.FailSyncOf("*.vlog", -1, syscall.EIO); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(in, "go")
+	rest, _ := io.ReadAll(out)
+	cmd.Wait()
+	got := string(rest)
+	if !strings.Contains(got, "proposal: ") || strings.Contains(got, "proposal: <nil>") {
+		t.Fatalf("a command whose value-log fsync failed: %q; want the proposal refused", got)
+	}
+	t.Logf("child: %s", strings.TrimSpace(got))
 }

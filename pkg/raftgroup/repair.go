@@ -12,13 +12,18 @@ import (
 	"github.com/dgraph-io/badger/v4"
 )
 
-// openBadger opens the replica's DB in dir, after removing the log files
-// a power cut left empty (removeEmptyLogs).
-func openBadger(dir string, log *slog.Logger) (*badger.DB, error) {
-	if err := removeEmptyLogs(dir, log); err != nil {
+// openBadger opens the replica's DB (opts.Dir), after removing the log
+// files a power cut left empty (removeEmptyLogs).
+func openBadger(opts badger.Options, log *slog.Logger) (*badger.DB, error) {
+	if err := removeEmptyLogs(opts.Dir, log); err != nil {
 		return nil, err
 	}
-	return badger.Open(badgerOptions(dir, log))
+	if opts.ValueDir != opts.Dir {
+		if err := removeEmptyLogs(opts.ValueDir, log); err != nil {
+			return nil, err
+		}
+	}
+	return badger.Open(opts)
 }
 
 // removeEmptyLogs removes the zero-length memtable logs (*.mem) and value

@@ -21,7 +21,7 @@ func TestOpenAfterEmptyLogFiles(t *testing.T) {
 	dir := t.TempDir()
 	var logged bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logged, nil))
-	db, err := openBadger(dir, log)
+	db, err := openBadger(badgerOptions(dir, log), log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestOpenAfterEmptyLogFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	db, err = openBadger(dir, log)
+	db, err = openBadger(badgerOptions(dir, log), log)
 	if err != nil {
 		t.Fatalf("open after a cut left empty log files %v: %v", empty, err)
 	}
@@ -94,7 +94,7 @@ func TestOpenAfterEmptyLogFiles(t *testing.T) {
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	db, err = openBadger(dir, log)
+	db, err = openBadger(badgerOptions(dir, log), log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,6 +137,7 @@ type Replica struct {
 	cfg   Config
 	log   *slog.Logger
 	db    *badger.DB
+	fault *syncFault // an fsync failure badger logged but did not return
 	store *logStorage
 	sm    StateMachine
 	node  raft.Node
@@ -207,12 +208,15 @@ func Open(cfg Config, sm StateMachine) (*Replica, error) {
 		return nil, fmt.Errorf("raftgroup: data dir: %w", err)
 	}
 	log := cfg.Logger.With("group", cfg.GroupID, "replica", cfg.ID)
-	db, err := openBadger(filepath.Join(cfg.Dir, "db"), log)
+	fault := &syncFault{}
+	opts := badgerOptions(filepath.Join(cfg.Dir, "db"), log)
+	opts.Logger = badgerLogger{l: log, fault: fault}
+	db, err := openBadger(opts, log)
 	if err != nil {
 		return nil, fmt.Errorf("raftgroup: open badger in %s: %w", cfg.Dir, err)
 	}
 	r := &Replica{
-		cfg: cfg, log: log, db: db, sm: sm,
+		cfg: cfg, log: log, db: db, sm: sm, fault: fault,
 		members: map[uint64]string{},
 		stopc:   make(chan struct{}),
 		donec:   make(chan struct{}),
@@ -486,6 +490,9 @@ func (r *Replica) handleReady(rd raft.Ready) error {
 	if err := r.store.save(rd.HardState, rd.Entries, rd.MustSync); err != nil {
 		return err
 	}
+	if err := r.fault.check(); err != nil {
+		return err
+	}
 	r.props.noteAppended(rd.Entries)
 
 	// 2. Send, now that our own copy is durable (a leader sent before).
@@ -542,6 +549,9 @@ func (r *Replica) apply(ents []*pb.Entry) error {
 	if len(batch) > 0 {
 		if err := r.sm.Apply(batch); err != nil {
 			return fmt.Errorf("state machine apply [%d,%d]: %w", batch[0].Index, batch[len(batch)-1].Index, err)
+		}
+		if err := r.fault.check(); err != nil {
+			return err
 		}
 		r.smApplied = batch[len(batch)-1].Index
 		r.metrics.AppliedEntries.Add(uint64(len(batch)))

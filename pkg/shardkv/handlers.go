@@ -2,6 +2,7 @@ package shardkv
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/raftgroup"
@@ -78,8 +79,20 @@ func (g *Group) MultiWrite(ctx context.Context, req *shardkvpb.MultiWriteRequest
 }
 
 // GroupInfo describes this replica's view of the group.
-func (g *Group) GroupInfo(ctx context.Context, _ *shardkvpb.GroupInfoRequest) (*shardkvpb.GroupInfoReply, error) {
+func (g *Group) GroupInfo(ctx context.Context, req *shardkvpb.GroupInfoRequest) (*shardkvpb.GroupInfoReply, error) {
 	out := &shardkvpb.GroupInfoReply{Gid: g.sm.gid, Config: g.sm.Config(), Member: g.r.StatusProto()}
 	out.Shards = g.shardStates()
+	if req.GetCountKeys() {
+		for _, st := range out.Shards {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			n, err := g.sm.CountKeys(int(st.Shard))
+			if err != nil {
+				return nil, fmt.Errorf("count keys of shard %d: %w", st.Shard, err)
+			}
+			out.Keys += uint64(n)
+		}
+	}
 	return out, nil
 }

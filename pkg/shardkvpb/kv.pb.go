@@ -1153,7 +1153,10 @@ func (*ShardInstalledReply) Descriptor() ([]byte, []int) {
 }
 
 type GroupInfoRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Count the keys held (keys in the reply): a scan of every shard held,
+	// so only on request.
+	CountKeys     bool `protobuf:"varint,1,opt,name=count_keys,json=countKeys,proto3" json:"count_keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1188,13 +1191,20 @@ func (*GroupInfoRequest) Descriptor() ([]byte, []int) {
 	return file_kv_proto_rawDescGZIP(), []int{17}
 }
 
+func (x *GroupInfoRequest) GetCountKeys() bool {
+	if x != nil {
+		return x.CountKeys
+	}
+	return false
+}
+
 type GroupInfoReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Gid           uint64                 `protobuf:"varint,1,opt,name=gid,proto3" json:"gid,omitempty"`
 	Config        *Config                `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
 	Shards        []*ShardState          `protobuf:"bytes,3,rep,name=shards,proto3" json:"shards,omitempty"` // shards not in state NotOwned, by shard
 	Member        *MemberStatus          `protobuf:"bytes,4,opt,name=member,proto3" json:"member,omitempty"`
-	Keys          uint64                 `protobuf:"varint,5,opt,name=keys,proto3" json:"keys,omitempty"` // keys held, all shards included
+	Keys          uint64                 `protobuf:"varint,5,opt,name=keys,proto3" json:"keys,omitempty"` // keys held, all shards included (if count_keys)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1366,8 +1376,10 @@ const file_kv_proto_rawDesc = "" +
 	"\n" +
 	"config_num\x18\x02 \x01(\x04R\tconfigNum\x12\x10\n" +
 	"\x03gid\x18\x03 \x01(\x04R\x03gid\"\x15\n" +
-	"\x13ShardInstalledReply\"\x12\n" +
-	"\x10GroupInfoRequest\"\xc4\x01\n" +
+	"\x13ShardInstalledReply\"1\n" +
+	"\x10GroupInfoRequest\x12\x1d\n" +
+	"\n" +
+	"count_keys\x18\x01 \x01(\bR\tcountKeys\"\xc4\x01\n" +
 	"\x0eGroupInfoReply\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\x04R\x03gid\x12*\n" +
 	"\x06config\x18\x02 \x01(\v2\x12.shardkv.v1.ConfigR\x06config\x12.\n" +
