@@ -44,6 +44,10 @@ test:
 	@# under it).
 	$(GO) test -count=1 -timeout 10m -run 'LargeValue' ./pkg/shardkv/
 	$(GO) test -count=1 -timeout 15m -run 'PowerCut|VlogSync' ./pkg/raftgroup/
+	@# Power cuts of whole clusters (node processes on lazyfs mounts): one
+	@# seeded run of each scenario, about a minute; SHARDKV_POWERCUT_RUNS
+	@# and SHARDKV_POWERCUT_SEED for a campaign (docs/engine.md).
+	$(GO) test -count=1 -timeout 15m -run 'PowerCut' ./pkg/node/
 
 ## fuzz: every Go fuzz target for FUZZTIME each (default 30s; CI runs
 ## this); a crash's input lands in the package's testdata/fuzz/.

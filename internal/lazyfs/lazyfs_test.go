@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 )
 
@@ -248,5 +249,64 @@ func TestLazyFSMmap(t *testing.T) {
 	// Never synced: not even its size (the truncate) survives.
 	if got := readFile(t, filepath.Join(dir, "mmap-false")); got != "" {
 		t.Fatalf("unsynced mapping after the cut: %d bytes", len(got))
+	}
+}
+
+// TestLazyFSSizeDuringFsync: a size asked for while an fsync persists the
+// file is the size readers see, never the backing file's size from before
+// the fsync. The interleaving is made by hand: the backing stat that a
+// getattr takes first, then an fsync, then the size fixed from the
+// overlay. The stale size (0 here) made the kernel drop the pages of a
+// mapped memtable past it, and badger died of SIGBUS.
+func TestLazyFSSizeDuringFsync(t *testing.T) {
+	f, dir, backing := mountT(t)
+	p := filepath.Join(dir, "f")
+	fh, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	if _, err := fh.Write(make([]byte, 2*pageSize)); err != nil {
+		t.Fatal(err)
+	}
+	// The getattr's stat of the backing file, before the fsync.
+	var st syscall.Stat_t
+	if err := syscall.Lstat(filepath.Join(backing, "f"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != 0 {
+		t.Fatalf("backing file before the fsync: %d bytes", st.Size)
+	}
+	if err := fh.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	var attr fuse.Attr
+	attr.FromStat(&st)
+	f.mu.Lock()
+	m := f.m
+	f.mu.Unlock()
+	m.fixSize(filepath.Join(backing, "f"), &attr)
+	if attr.Size != 2*pageSize {
+		t.Fatalf("size answered after the fsync: %d, want %d", attr.Size, 2*pageSize)
+	}
+	if fi, err := os.Stat(p); err != nil || fi.Size() != 2*pageSize {
+		t.Fatalf("stat through the mount: %v %v", fi.Size(), err)
+	}
+}
+
+// TestLazyFSOverwriteKeepsSize: an fsynced overwrite inside a file's last,
+// partial page does not grow the file to the page's end.
+func TestLazyFSOverwriteKeepsSize(t *testing.T) {
+	f, dir, _ := mountT(t)
+	p := filepath.Join(dir, "f")
+	writeFile(t, p, []byte("0123456789"), 0, true)
+	writeFile(t, p, []byte("ab"), 0, true)
+	if got := readFile(t, p); got != "ab23456789" {
+		t.Fatalf("after the overwrite: %d bytes %q...", len(got), got[:min(len(got), 16)])
+	}
+	writeFile(t, p, []byte("cd"), 4, false)
+	powerCut(t, f, 1) // the unsynced page kept: written back whole
+	if got := readFile(t, p); got != "ab23cd6789" {
+		t.Fatalf("after a cut that kept the page: %q (%d bytes)", got, len(got))
 	}
 }

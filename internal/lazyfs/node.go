@@ -46,7 +46,7 @@ func (n *node) WrapChild(ctx context.Context, ops fs.InodeEmbedder) fs.InodeEmbe
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	ch, errno := n.LoopbackNode.Lookup(ctx, name, out)
 	if errno == 0 {
-		n.m.fixSize(&out.Attr)
+		n.m.fixSize(filepath.Join(n.backingPath(), name), &out.Attr)
 	}
 	return ch, errno
 }
@@ -87,7 +87,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
-	n.m.fixSize(&out.Attr)
+	n.m.fixSize(filepath.Join(n.backingPath(), name), &out.Attr)
 	return ch, f, 0, 0
 }
 
@@ -98,25 +98,37 @@ func (n *node) Getattr(ctx context.Context, fh fs.FileHandle, out *fuse.AttrOut)
 	if errno := n.LoopbackNode.Getattr(ctx, fh, out); errno != 0 {
 		return errno
 	}
-	n.m.fixSize(&out.Attr)
+	n.m.fixSize(n.backingPath(), &out.Attr)
 	return 0
 }
 
-// fixSize sets a regular file's size in attr, filled from the backing
-// file's stat (its Ino is the backing inode), to the size readers see.
-func (m *mount) fixSize(attr *fuse.Attr) {
+// fixSize sets a regular file's size in attr, filled from the stat of
+// the backing file at path (its Ino is the backing inode), to the size
+// readers see. That stat was taken before the overlay's lock: an fsync
+// may have persisted the overlay since, grown the backing file and
+// cleared the overlay's size, so a file with an overlay is stat'ed again
+// under the lock. A stale, smaller size would make the kernel drop the
+// pages past it, and a process with the file mapped (badger's memtables)
+// then dies of SIGBUS (TestLazyFSSizeDuringFsync).
+func (m *mount) fixSize(path string, attr *fuse.Attr) {
 	if attr.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return
 	}
 	m.mu.Lock()
 	o := m.overlays[attr.Ino]
 	m.mu.Unlock()
-	if o != nil {
-		o.mu.Lock()
-		if o.sized {
-			attr.Size = uint64(o.size)
-		}
-		o.mu.Unlock()
+	if o == nil {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.sized {
+		attr.Size = uint64(o.size)
+		return
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err == nil && st.Ino == attr.Ino {
+		attr.Size = uint64(st.Size)
 	}
 }
 
@@ -257,16 +269,18 @@ func (f *file) Allocate(ctx context.Context, off, size uint64, mode uint32) sysc
 }
 
 func (f *file) Getattr(ctx context.Context, out *fuse.AttrOut) syscall.Errno {
+	// The stat under the overlay's lock: not in the middle of an fsync's
+	// truncates, nor stale after one (see fixSize).
+	f.ov.mu.Lock()
+	defer f.ov.mu.Unlock()
 	var st syscall.Stat_t
 	if err := syscall.Fstat(f.fd, &st); err != nil {
 		return fs.ToErrno(err)
 	}
 	out.FromStat(&st)
-	f.ov.mu.Lock()
 	if f.ov.sized {
 		out.Size = uint64(f.ov.size)
 	}
-	f.ov.mu.Unlock()
 	return 0
 }
 

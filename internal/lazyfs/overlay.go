@@ -170,16 +170,24 @@ func (o *overlay) persist(fd int, keep func() bool) (int, error) {
 			return 0, err
 		}
 	}
+	// A page is written up to the file's size, not whole: the last page
+	// of a file whose size did not change (an overwrite) would otherwise
+	// grow the file with zeros to a page boundary.
+	size := o.size
+	if !o.sized {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return 0, err
+		}
+		size = st.Size
+	}
 	written := 0
 	for _, p := range ps {
 		if keep != nil && !keep() {
 			continue
 		}
 		pg := o.pages[p]
-		n := int64(pageSize)
-		if o.sized {
-			n = min(n, o.size-p*pageSize)
-		}
+		n := min(int64(pageSize), size-p*pageSize)
 		if n <= 0 {
 			continue
 		}

@@ -93,7 +93,7 @@ func (o *LocalOptions) reconcileDisk() (resumed bool, err error) {
 			return false, err
 		}
 		b, _ := json.MarshalIndent(o, "", "  ")
-		return false, os.WriteFile(path, append(b, '\n'), 0o640)
+		return false, writeFileDurably(path, append(b, '\n'), 0o640)
 	}
 	if err != nil {
 		return false, err

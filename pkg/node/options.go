@@ -48,8 +48,10 @@ type Options struct {
 	RESPTimeout         time.Duration
 	RESPWriteTimeout    time.Duration
 	MaxValueBytes       int
-	HTTP                string
-	LogLevel            string
+	// Raft log compaction (0: raftgroup's defaults).
+	SnapshotEntries, TrailingEntries uint64
+	HTTP                             string
+	LogLevel                         string
 }
 
 // EnvPrefix: every flag can also come from SHARDKV_<FLAG> (upper case, '-'
@@ -108,6 +110,8 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 	fs.DurationVar(&o.RESPTimeout, "resp-timeout", 0, "close a Redis client idle this long, Redis's timeout (0: never)")
 	fs.DurationVar(&o.RESPWriteTimeout, "resp-write-timeout", 2*time.Second, "how long a Redis write waits for its Raft entry to apply before answering 'outcome unknown' (keep it below clients' read timeouts: go-redis's default is 3s)")
 	fs.IntVar(&o.MaxValueBytes, "max-value-bytes", shardkv.DefaultMaxValueBytes, fmt.Sprintf("largest value a write may carry (one value travels in one Raft entry, whose limit follows from it; at most %d)", shardkv.MaxValueBytesLimit))
+	fs.Uint64Var(&o.SnapshotEntries, "snapshot-entries", 0, "compact the Raft log every so many applied entries (0: 10000); small values make snapshots and compactions frequent, for tests")
+	fs.Uint64Var(&o.TrailingEntries, "trailing-entries", 0, "entries kept in the Raft log after a compaction, for followers slightly behind (0: 5000)")
 	fs.StringVar(&o.HTTP, "http", "", "host:port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {

@@ -36,7 +36,19 @@ func TestMain(m *testing.M) {
 	os.Exit(runMain(m))
 }
 
+// childModes are other mains of this test binary, run as child processes
+// by tests (NODE_TEST_CHILD=name): the power-cut tests' processes that use
+// a lazyfs mount, which the test process serves and so must not use.
+var childModes = map[string]func() int{}
+
 func runMain(m *testing.M) int {
+	if mode := os.Getenv("NODE_TEST_CHILD"); mode != "" {
+		if f := childModes[mode]; f != nil {
+			return f()
+		}
+		fmt.Fprintf(os.Stderr, "unknown NODE_TEST_CHILD=%q\n", mode)
+		return 2
+	}
 	dir, err := os.MkdirTemp("", "shardkv-node-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -48,7 +60,9 @@ func runMain(m *testing.M) int {
 	if _, err := os.Stat(goCmd); err != nil {
 		goCmd = "go"
 	}
-	build := exec.Command(goCmd, "build", "-o", nodeBin, "github.com/shardkv/shardkv/cmd/node")
+	// SHARDKV_NODE_BUILD_TAGS=shardkv_nosync builds a node without
+	// synced writes: the power-cut tests must then fail.
+	build := exec.Command(goCmd, "build", "-tags", os.Getenv("SHARDKV_NODE_BUILD_TAGS"), "-o", nodeBin, "github.com/shardkv/shardkv/cmd/node")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintf(os.Stderr, "building the node binary: %v\n", err)

@@ -33,7 +33,7 @@ func badgerOptions(dir string, log *slog.Logger) badger.Options {
 	// before the next Ready's write) was never synced, and a power cut
 	// left a hole in the log or the state behind a durable later write
 	// (TestPowerCutLog). docs/engine.md has the cost.
-	o.SyncWrites = true
+	o.SyncWrites = syncWrites
 	o.DetectConflicts = false
 	o.MemTableSize = 16 << 20 // also bounds one transaction: ~15% of it (2.4 MiB)
 	o.NumMemtables = 2
@@ -57,6 +57,11 @@ func badgerOptions(dir string, log *slog.Logger) badger.Options {
 	o.CompactL0OnClose = false
 	return o
 }
+
+// syncWrites is badger's SyncWrites: true, except in binaries built with
+// the tag shardkv_nosync (nosync.go), which restore the old behaviour for
+// the power-cut tests to show what it loses. Never build a release so.
+var syncWrites = true
 
 // badgerLogger adapts slog to badger's logger, and catches the one
 // durability failure badger only logs.

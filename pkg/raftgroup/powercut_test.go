@@ -69,6 +69,10 @@ func cutEntry(i uint64) *pb.Entry {
 // openCutStorage opens the engine's storage with smaller memtables than a
 // replica's: rotations, the instants under test, come four times as often.
 func openCutStorage(dir string) (*badger.DB, *logStorage, error) {
+	// As a replica's open does (openBadger).
+	if err := removeEmptyLogs(dir, slog.New(slog.DiscardHandler)); err != nil {
+		return nil, nil, err
+	}
 	o := badgerOptions(dir, slog.New(slog.DiscardHandler))
 	o.MemTableSize = 4 << 20
 	o.ValueThreshold = 256 << 10 // under the batch limit (15% of a memtable)

@@ -224,7 +224,7 @@ func Open(cfg Config, sm StateMachine) (*Replica, error) {
 	fault := &syncFault{}
 	opts := badgerOptions(filepath.Join(cfg.Dir, "db"), log)
 	opts.Logger = badgerLogger{l: log, fault: fault}
-	db, err := badger.Open(opts)
+	db, err := openBadger(opts, log)
 	if err != nil {
 		return nil, fmt.Errorf("raftgroup: open badger in %s: %w", cfg.Dir, err)
 	}
