@@ -29,7 +29,7 @@ var allowed = map[string][]string{
 	"pkg/localstate":          nil,
 	"pkg/ctrler/placement":    nil,
 	"pkg/grpcdial":            {"pkg/shardkvpb"},
-	"pkg/raftgroup":           {"pkg/shardkvpb", "pkg/grpcdial"},
+	"pkg/raftgroup":           {"pkg/shardkvpb", "pkg/grpcdial", "internal/durable"},
 	"pkg/raftgroup/rgtest":    {"pkg/raftgroup", "pkg/shardkvpb", "pkg/grpcdial"},
 	"pkg/ctrler":              {"pkg/raftgroup", "pkg/ctrler/placement", "pkg/routing", "pkg/shardkvpb", "pkg/grpcdial"},
 	"pkg/ctrler/ctrlerclient": {"pkg/grpcdial", "pkg/shardkvpb"},
@@ -39,7 +39,7 @@ var allowed = map[string][]string{
 	"pkg/client":              {"pkg/ctrler/ctrlerclient", "pkg/grpcdial", "pkg/routing", "pkg/shardkvpb"},
 	"pkg/workload":            {"pkg/client", "pkg/kvcheck", "pkg/routing", "pkg/shardkvpb", "pkg/grpcdial"},
 	"pkg/kvctl":               {"pkg/client", "pkg/ctrler/ctrlerclient", "pkg/grpcdial", "pkg/kvcheck", "pkg/routing", "pkg/shardkvpb", "pkg/workload", "pkg/localstate"},
-	"pkg/node":                {"pkg/localstate", "pkg/ctrler", "pkg/ctrler/ctrlerclient", "pkg/ctrler/placement", "pkg/grpcdial", "pkg/raftgroup", "pkg/resp", "pkg/routing", "pkg/shardkv", "pkg/shardkvpb"},
+	"pkg/node":                {"internal/durable", "pkg/localstate", "pkg/ctrler", "pkg/ctrler/ctrlerclient", "pkg/ctrler/placement", "pkg/grpcdial", "pkg/raftgroup", "pkg/resp", "pkg/routing", "pkg/shardkv", "pkg/shardkvpb"},
 	"controllers":             {"api/v1alpha1", "pkg/ctrler/ctrlerclient", "pkg/grpcdial", "pkg/shardkvpb"},
 	"cmd/node":                {"pkg/node"},
 	"cmd/kvctl":               {"pkg/kvctl"},
@@ -47,6 +47,7 @@ var allowed = map[string][]string{
 	"hack/imagebuild":         nil,
 	"hack/pause":              nil,
 	"internal/archtest":       nil,
+	"internal/durable":        nil,
 	"internal/lazyfs":         nil, // test-only: a filesystem that forgets unsynced data
 	"e2e":                     nil, // drives a cluster through kubectl and the image's kvctl only
 }

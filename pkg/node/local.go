@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/shardkv/shardkv/internal/durable"
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
 	"github.com/shardkv/shardkv/pkg/ctrler/placement"
 	"github.com/shardkv/shardkv/pkg/localstate"
@@ -93,7 +94,7 @@ func (o *LocalOptions) reconcileDisk() (resumed bool, err error) {
 			return false, err
 		}
 		b, _ := json.MarshalIndent(o, "", "  ")
-		return false, writeFileDurably(path, append(b, '\n'), 0o640)
+		return false, durable.WriteFile(path, append(b, '\n'), 0o640)
 	}
 	if err != nil {
 		return false, err

@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/shardkv/shardkv/internal/durable"
 	"github.com/shardkv/shardkv/pkg/ctrler"
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
 	"github.com/shardkv/shardkv/pkg/grpcdial"
@@ -57,7 +58,7 @@ type identity struct {
 }
 
 func checkIdentity(o *Options, log *slog.Logger) (fresh bool, err error) {
-	if err := mkdirDurably(o.DataDir, 0o750); err != nil {
+	if err := durable.MkdirAll(o.DataDir, 0o750); err != nil {
 		return false, fmt.Errorf("data dir: %w", err)
 	}
 	path := filepath.Join(o.DataDir, "node.json")
@@ -79,7 +80,7 @@ func checkIdentity(o *Options, log *slog.Logger) (fresh bool, err error) {
 			id.Shards, id.Placement = o.Shards, o.Placement
 		}
 		b, _ := json.MarshalIndent(id, "", "  ")
-		if err := writeFileDurably(path, append(b, '\n'), 0o640); err != nil {
+		if err := durable.WriteFile(path, append(b, '\n'), 0o640); err != nil {
 			return false, err
 		}
 		return true, nil
@@ -103,73 +104,6 @@ func checkIdentity(o *Options, log *slog.Logger) (fresh bool, err error) {
 		log.Info("restarting on an existing data dir: --peers is ignored")
 	}
 	return false, nil
-}
-
-// writeFileDurably writes a file that must survive a power cut whole or
-// not at all: a temp file in the same directory, fsynced, renamed over
-// path, then the directory fsynced. os.WriteFile left node.json empty or
-// partial after a power cut, and the replica refused to start
-// (TestPowerCutIdentity).
-func writeFileDurably(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op once renamed
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
-// mkdirDurably is os.MkdirAll that also fsyncs the parent of every
-// directory it created, so that the directory survives a power cut.
-func mkdirDurably(dir string, perm os.FileMode) error {
-	if _, err := os.Stat(dir); err == nil {
-		return nil
-	}
-	var created []string
-	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
-		if _, err := os.Stat(d); err == nil || d == filepath.Dir(d) {
-			break
-		}
-		created = append(created, d)
-	}
-	if err := os.MkdirAll(dir, perm); err != nil {
-		return err
-	}
-	for _, d := range created {
-		if err := syncDir(filepath.Dir(d)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // resolveAutoID picks the replica id for --id=auto, the mode for pods of a

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/internal/durable"
 )
 
 // openBadger opens the replica's DB (opts.Dir), after removing the log
@@ -79,7 +80,7 @@ func removeEmptyLogs(dir string, log *slog.Logger) error {
 		log.Warn("removed an empty badger log file (created, never synced: a crash or power cut before its first write was durable; it held nothing)", "file", path)
 	}
 	if removed {
-		if err := syncDir(dir); err != nil {
+		if err := durable.SyncDir(dir); err != nil {
 			return fmt.Errorf("raftgroup: sync %s: %w", dir, err)
 		}
 	}

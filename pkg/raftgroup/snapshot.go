@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/internal/durable"
 	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"go.etcd.io/raft/v3"
@@ -268,7 +269,7 @@ func (s *raftServer) Snapshot(stream shardkvpb.Raft_SnapshotServer) error {
 	if err := os.Rename(f.Name(), path); err != nil {
 		return err
 	}
-	if err := syncDir(r.snapDir()); err != nil {
+	if err := durable.SyncDir(r.snapDir()); err != nil {
 		return err
 	}
 	r.spool.mu.Lock()
@@ -282,15 +283,6 @@ func (s *raftServer) Snapshot(stream shardkvpb.Raft_SnapshotServer) error {
 	}
 	r.metrics.SnapshotsReceived.Add(1)
 	return stream.SendAndClose(&shardkvpb.SnapshotAck{Bytes: total})
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // installSnapshot runs in the Ready loop when raft accepted a snapshot.
