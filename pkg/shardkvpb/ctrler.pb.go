@@ -83,10 +83,14 @@ func (x *Server) GetRespAddr() string {
 }
 
 type Group struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Gid           uint64                 `protobuf:"varint,1,opt,name=gid,proto3" json:"gid,omitempty"`
-	Servers       []*Server              `protobuf:"bytes,2,rep,name=servers,proto3" json:"servers,omitempty"` // sorted by id
-	Weight        uint32                 `protobuf:"varint,3,opt,name=weight,proto3" json:"weight,omitempty"`  // >= 1
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Gid     uint64                 `protobuf:"varint,1,opt,name=gid,proto3" json:"gid,omitempty"`
+	Servers []*Server              `protobuf:"bytes,2,rep,name=servers,proto3" json:"servers,omitempty"` // sorted by id
+	Weight  uint32                 `protobuf:"varint,3,opt,name=weight,proto3" json:"weight,omitempty"`  // >= 1
+	// Leaving: the group left (LeaveRequest) but still owns shards whose
+	// moves are planned and not cut over yet. Placement gives it nothing; it
+	// is dropped from the config with its last shard's cut-over.
+	Leaving       bool `protobuf:"varint,4,opt,name=leaving,proto3" json:"leaving,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -142,6 +146,86 @@ func (x *Group) GetWeight() uint32 {
 	return 0
 }
 
+func (x *Group) GetLeaving() bool {
+	if x != nil {
+		return x.Leaving
+	}
+	return false
+}
+
+// A shard move announced before the config that hands the shard over: the
+// target pre-copies the shard while the source still owns and serves it,
+// and the controller cuts over (a config with the new owner) once the
+// target reports it has caught up. See docs/shardkv.md, "Live migration".
+type PlannedMove struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Shard   uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	FromGid uint64                 `protobuf:"varint,2,opt,name=from_gid,json=fromGid,proto3" json:"from_gid,omitempty"`
+	ToGid   uint64                 `protobuf:"varint,3,opt,name=to_gid,json=toGid,proto3" json:"to_gid,omitempty"`
+	// The config that announced this move (the target's pre-copy state names it).
+	SinceConfig   uint64 `protobuf:"varint,4,opt,name=since_config,json=sinceConfig,proto3" json:"since_config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlannedMove) Reset() {
+	*x = PlannedMove{}
+	mi := &file_ctrler_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlannedMove) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlannedMove) ProtoMessage() {}
+
+func (x *PlannedMove) ProtoReflect() protoreflect.Message {
+	mi := &file_ctrler_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlannedMove.ProtoReflect.Descriptor instead.
+func (*PlannedMove) Descriptor() ([]byte, []int) {
+	return file_ctrler_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PlannedMove) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *PlannedMove) GetFromGid() uint64 {
+	if x != nil {
+		return x.FromGid
+	}
+	return 0
+}
+
+func (x *PlannedMove) GetToGid() uint64 {
+	if x != nil {
+		return x.ToGid
+	}
+	return 0
+}
+
+func (x *PlannedMove) GetSinceConfig() uint64 {
+	if x != nil {
+		return x.SinceConfig
+	}
+	return 0
+}
+
 type Pin struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Shard         uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
@@ -152,7 +236,7 @@ type Pin struct {
 
 func (x *Pin) Reset() {
 	*x = Pin{}
-	mi := &file_ctrler_proto_msgTypes[2]
+	mi := &file_ctrler_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -164,7 +248,7 @@ func (x *Pin) String() string {
 func (*Pin) ProtoMessage() {}
 
 func (x *Pin) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[2]
+	mi := &file_ctrler_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -177,7 +261,7 @@ func (x *Pin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Pin.ProtoReflect.Descriptor instead.
 func (*Pin) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{2}
+	return file_ctrler_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Pin) GetShard() uint32 {
@@ -198,17 +282,20 @@ type Config struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Num   uint64                 `protobuf:"varint,1,opt,name=num,proto3" json:"num,omitempty"`
 	// shards[i] is the gid owning shard i (0: none). len(shards) = NShards.
-	Shards        []uint64 `protobuf:"varint,2,rep,packed,name=shards,proto3" json:"shards,omitempty"`
-	Groups        []*Group `protobuf:"bytes,3,rep,name=groups,proto3" json:"groups,omitempty"`       // sorted by gid
-	Pins          []*Pin   `protobuf:"bytes,4,rep,name=pins,proto3" json:"pins,omitempty"`           // sorted by shard
-	Placement     string   `protobuf:"bytes,5,opt,name=placement,proto3" json:"placement,omitempty"` // balanced or consistent-hash
+	Shards    []uint64 `protobuf:"varint,2,rep,packed,name=shards,proto3" json:"shards,omitempty"`
+	Groups    []*Group `protobuf:"bytes,3,rep,name=groups,proto3" json:"groups,omitempty"`       // sorted by gid
+	Pins      []*Pin   `protobuf:"bytes,4,rep,name=pins,proto3" json:"pins,omitempty"`           // sorted by shard
+	Placement string   `protobuf:"bytes,5,opt,name=placement,proto3" json:"placement,omitempty"` // balanced or consistent-hash
+	// Moves announced and not cut over yet, sorted by shard; shards[i] is
+	// still the source's for each.
+	Moves         []*PlannedMove `protobuf:"bytes,6,rep,name=moves,proto3" json:"moves,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Config) Reset() {
 	*x = Config{}
-	mi := &file_ctrler_proto_msgTypes[3]
+	mi := &file_ctrler_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +307,7 @@ func (x *Config) String() string {
 func (*Config) ProtoMessage() {}
 
 func (x *Config) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[3]
+	mi := &file_ctrler_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +320,7 @@ func (x *Config) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Config.ProtoReflect.Descriptor instead.
 func (*Config) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{3}
+	return file_ctrler_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Config) GetNum() uint64 {
@@ -271,6 +358,13 @@ func (x *Config) GetPlacement() string {
 	return ""
 }
 
+func (x *Config) GetMoves() []*PlannedMove {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
 // Every mutation carries a client id and a sequence number; a retried
 // duplicate returns the first outcome and makes no second config.
 type JoinRequest struct {
@@ -284,7 +378,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_ctrler_proto_msgTypes[4]
+	mi := &file_ctrler_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -296,7 +390,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[4]
+	mi := &file_ctrler_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -309,7 +403,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{4}
+	return file_ctrler_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *JoinRequest) GetClientId() uint64 {
@@ -344,7 +438,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_ctrler_proto_msgTypes[5]
+	mi := &file_ctrler_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -356,7 +450,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[5]
+	mi := &file_ctrler_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -369,7 +463,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{5}
+	return file_ctrler_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LeaveRequest) GetClientId() uint64 {
@@ -394,18 +488,22 @@ func (x *LeaveRequest) GetGids() []uint64 {
 }
 
 type MoveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      uint64                 `protobuf:"varint,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Seq           uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
-	Shard         uint32                 `protobuf:"varint,3,opt,name=shard,proto3" json:"shard,omitempty"`
-	Gid           uint64                 `protobuf:"varint,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId uint64                 `protobuf:"varint,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Seq      uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Shard    uint32                 `protobuf:"varint,3,opt,name=shard,proto3" json:"shard,omitempty"`
+	Gid      uint64                 `protobuf:"varint,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	// Hand the shard over in the next config, without pre-copy: writes to it
+	// pause until the target has pulled all of it (the old behaviour; kept
+	// for comparison and for moves whose target cannot pre-copy).
+	StopAndCopy   bool `protobuf:"varint,5,opt,name=stop_and_copy,json=stopAndCopy,proto3" json:"stop_and_copy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MoveRequest) Reset() {
 	*x = MoveRequest{}
-	mi := &file_ctrler_proto_msgTypes[6]
+	mi := &file_ctrler_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +515,7 @@ func (x *MoveRequest) String() string {
 func (*MoveRequest) ProtoMessage() {}
 
 func (x *MoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[6]
+	mi := &file_ctrler_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +528,7 @@ func (x *MoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveRequest.ProtoReflect.Descriptor instead.
 func (*MoveRequest) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{6}
+	return file_ctrler_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MoveRequest) GetClientId() uint64 {
@@ -461,6 +559,13 @@ func (x *MoveRequest) GetGid() uint64 {
 	return 0
 }
 
+func (x *MoveRequest) GetStopAndCopy() bool {
+	if x != nil {
+		return x.StopAndCopy
+	}
+	return false
+}
+
 type UnpinRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      uint64                 `protobuf:"varint,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
@@ -472,7 +577,7 @@ type UnpinRequest struct {
 
 func (x *UnpinRequest) Reset() {
 	*x = UnpinRequest{}
-	mi := &file_ctrler_proto_msgTypes[7]
+	mi := &file_ctrler_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +589,7 @@ func (x *UnpinRequest) String() string {
 func (*UnpinRequest) ProtoMessage() {}
 
 func (x *UnpinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[7]
+	mi := &file_ctrler_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +602,7 @@ func (x *UnpinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnpinRequest.ProtoReflect.Descriptor instead.
 func (*UnpinRequest) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{7}
+	return file_ctrler_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *UnpinRequest) GetClientId() uint64 {
@@ -530,7 +635,7 @@ type ConfigReply struct {
 
 func (x *ConfigReply) Reset() {
 	*x = ConfigReply{}
-	mi := &file_ctrler_proto_msgTypes[8]
+	mi := &file_ctrler_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +647,7 @@ func (x *ConfigReply) String() string {
 func (*ConfigReply) ProtoMessage() {}
 
 func (x *ConfigReply) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[8]
+	mi := &file_ctrler_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +660,7 @@ func (x *ConfigReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigReply.ProtoReflect.Descriptor instead.
 func (*ConfigReply) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{8}
+	return file_ctrler_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ConfigReply) GetConfig() *Config {
@@ -574,7 +679,7 @@ type QueryRequest struct {
 
 func (x *QueryRequest) Reset() {
 	*x = QueryRequest{}
-	mi := &file_ctrler_proto_msgTypes[9]
+	mi := &file_ctrler_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +691,7 @@ func (x *QueryRequest) String() string {
 func (*QueryRequest) ProtoMessage() {}
 
 func (x *QueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[9]
+	mi := &file_ctrler_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +704,7 @@ func (x *QueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryRequest.ProtoReflect.Descriptor instead.
 func (*QueryRequest) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{9}
+	return file_ctrler_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *QueryRequest) GetNum() int64 {
@@ -618,7 +723,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_ctrler_proto_msgTypes[10]
+	mi := &file_ctrler_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +735,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[10]
+	mi := &file_ctrler_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +748,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{10}
+	return file_ctrler_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WatchRequest) GetFrom() uint64 {
@@ -660,17 +765,29 @@ type ShardState struct {
 	State     string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
 	ConfigNum uint64 `protobuf:"varint,3,opt,name=config_num,json=configNum,proto3" json:"config_num,omitempty"`
 	// Migration progress, where the group knows it.
-	Keys          uint64 `protobuf:"varint,4,opt,name=keys,proto3" json:"keys,omitempty"`
-	Bytes         uint64 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	PeerGid       uint64 `protobuf:"varint,6,opt,name=peer_gid,json=peerGid,proto3" json:"peer_gid,omitempty"`       // source while Pulling, target while BePulling
-	TotalKeys     uint64 `protobuf:"varint,7,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"` // keys the source reported for the shard, once known
+	Keys      uint64 `protobuf:"varint,4,opt,name=keys,proto3" json:"keys,omitempty"`
+	Bytes     uint64 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	PeerGid   uint64 `protobuf:"varint,6,opt,name=peer_gid,json=peerGid,proto3" json:"peer_gid,omitempty"`       // source while Pulling, target while BePulling
+	TotalKeys uint64 `protobuf:"varint,7,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"` // keys the source reported for the shard, once known
+	// Pre-copy (PreCopying, and Pulling after a cut-over): the copy's phase
+	// (snapshot, delta), whether the last round of changes reached the
+	// source's end, and how many log entries the copy is behind the source.
+	Phase      string `protobuf:"bytes,8,opt,name=phase,proto3" json:"phase,omitempty"`
+	CaughtUp   bool   `protobuf:"varint,9,opt,name=caught_up,json=caughtUp,proto3" json:"caught_up,omitempty"`
+	LagEntries uint64 `protobuf:"varint,10,opt,name=lag_entries,json=lagEntries,proto3" json:"lag_entries,omitempty"`
+	// The last move into this group: its write pause, from the source's
+	// barrier (its apply of the cut-over config) to this group serving the
+	// shard, in microseconds of log time.
+	WritePauseUs uint64 `protobuf:"varint,11,opt,name=write_pause_us,json=writePauseUs,proto3" json:"write_pause_us,omitempty"`
+	// Bytes of the shard's records the source reported (snapshot phase).
+	TotalBytes    uint64 `protobuf:"varint,12,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShardState) Reset() {
 	*x = ShardState{}
-	mi := &file_ctrler_proto_msgTypes[11]
+	mi := &file_ctrler_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -682,7 +799,7 @@ func (x *ShardState) String() string {
 func (*ShardState) ProtoMessage() {}
 
 func (x *ShardState) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[11]
+	mi := &file_ctrler_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -695,7 +812,7 @@ func (x *ShardState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardState.ProtoReflect.Descriptor instead.
 func (*ShardState) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{11}
+	return file_ctrler_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ShardState) GetShard() uint32 {
@@ -747,6 +864,41 @@ func (x *ShardState) GetTotalKeys() uint64 {
 	return 0
 }
 
+func (x *ShardState) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *ShardState) GetCaughtUp() bool {
+	if x != nil {
+		return x.CaughtUp
+	}
+	return false
+}
+
+func (x *ShardState) GetLagEntries() uint64 {
+	if x != nil {
+		return x.LagEntries
+	}
+	return 0
+}
+
+func (x *ShardState) GetWritePauseUs() uint64 {
+	if x != nil {
+		return x.WritePauseUs
+	}
+	return 0
+}
+
+func (x *ShardState) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
 type GroupReport struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	Gid            uint64                 `protobuf:"varint,1,opt,name=gid,proto3" json:"gid,omitempty"`
@@ -764,7 +916,7 @@ type GroupReport struct {
 
 func (x *GroupReport) Reset() {
 	*x = GroupReport{}
-	mi := &file_ctrler_proto_msgTypes[12]
+	mi := &file_ctrler_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +928,7 @@ func (x *GroupReport) String() string {
 func (*GroupReport) ProtoMessage() {}
 
 func (x *GroupReport) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[12]
+	mi := &file_ctrler_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +941,7 @@ func (x *GroupReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupReport.ProtoReflect.Descriptor instead.
 func (*GroupReport) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{12}
+	return file_ctrler_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GroupReport) GetGid() uint64 {
@@ -864,7 +1016,7 @@ type ReportReply struct {
 
 func (x *ReportReply) Reset() {
 	*x = ReportReply{}
-	mi := &file_ctrler_proto_msgTypes[13]
+	mi := &file_ctrler_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -876,7 +1028,7 @@ func (x *ReportReply) String() string {
 func (*ReportReply) ProtoMessage() {}
 
 func (x *ReportReply) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[13]
+	mi := &file_ctrler_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -889,7 +1041,7 @@ func (x *ReportReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportReply.ProtoReflect.Descriptor instead.
 func (*ReportReply) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{13}
+	return file_ctrler_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReportReply) GetLatestConfig() uint64 {
@@ -907,7 +1059,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_ctrler_proto_msgTypes[14]
+	mi := &file_ctrler_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1071,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[14]
+	mi := &file_ctrler_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1084,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{14}
+	return file_ctrler_proto_rawDescGZIP(), []int{15}
 }
 
 type GroupStatus struct {
@@ -947,7 +1099,7 @@ type GroupStatus struct {
 
 func (x *GroupStatus) Reset() {
 	*x = GroupStatus{}
-	mi := &file_ctrler_proto_msgTypes[15]
+	mi := &file_ctrler_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -959,7 +1111,7 @@ func (x *GroupStatus) String() string {
 func (*GroupStatus) ProtoMessage() {}
 
 func (x *GroupStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[15]
+	mi := &file_ctrler_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -972,7 +1124,7 @@ func (x *GroupStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupStatus.ProtoReflect.Descriptor instead.
 func (*GroupStatus) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{15}
+	return file_ctrler_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GroupStatus) GetReport() *GroupReport {
@@ -1002,7 +1154,7 @@ type ClusterStatus struct {
 
 func (x *ClusterStatus) Reset() {
 	*x = ClusterStatus{}
-	mi := &file_ctrler_proto_msgTypes[16]
+	mi := &file_ctrler_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1166,7 @@ func (x *ClusterStatus) String() string {
 func (*ClusterStatus) ProtoMessage() {}
 
 func (x *ClusterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_ctrler_proto_msgTypes[16]
+	mi := &file_ctrler_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1179,7 @@ func (x *ClusterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatus.ProtoReflect.Descriptor instead.
 func (*ClusterStatus) Descriptor() ([]byte, []int) {
-	return file_ctrler_proto_rawDescGZIP(), []int{16}
+	return file_ctrler_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ClusterStatus) GetLatest() *Config {
@@ -1074,20 +1226,27 @@ const file_ctrler_proto_rawDesc = "" +
 	"\x06Server\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1b\n" +
-	"\tresp_addr\x18\x03 \x01(\tR\brespAddr\"_\n" +
+	"\tresp_addr\x18\x03 \x01(\tR\brespAddr\"y\n" +
 	"\x05Group\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\x04R\x03gid\x12,\n" +
 	"\aservers\x18\x02 \x03(\v2\x12.shardkv.v1.ServerR\aservers\x12\x16\n" +
-	"\x06weight\x18\x03 \x01(\rR\x06weight\"-\n" +
+	"\x06weight\x18\x03 \x01(\rR\x06weight\x12\x18\n" +
+	"\aleaving\x18\x04 \x01(\bR\aleaving\"x\n" +
+	"\vPlannedMove\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x19\n" +
+	"\bfrom_gid\x18\x02 \x01(\x04R\afromGid\x12\x15\n" +
+	"\x06to_gid\x18\x03 \x01(\x04R\x05toGid\x12!\n" +
+	"\fsince_config\x18\x04 \x01(\x04R\vsinceConfig\"-\n" +
 	"\x03Pin\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x10\n" +
-	"\x03gid\x18\x02 \x01(\x04R\x03gid\"\xa0\x01\n" +
+	"\x03gid\x18\x02 \x01(\x04R\x03gid\"\xcf\x01\n" +
 	"\x06Config\x12\x10\n" +
 	"\x03num\x18\x01 \x01(\x04R\x03num\x12\x16\n" +
 	"\x06shards\x18\x02 \x03(\x04R\x06shards\x12)\n" +
 	"\x06groups\x18\x03 \x03(\v2\x11.shardkv.v1.GroupR\x06groups\x12#\n" +
 	"\x04pins\x18\x04 \x03(\v2\x0f.shardkv.v1.PinR\x04pins\x12\x1c\n" +
-	"\tplacement\x18\x05 \x01(\tR\tplacement\"g\n" +
+	"\tplacement\x18\x05 \x01(\tR\tplacement\x12-\n" +
+	"\x05moves\x18\x06 \x03(\v2\x17.shardkv.v1.PlannedMoveR\x05moves\"g\n" +
 	"\vJoinRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12)\n" +
@@ -1095,12 +1254,13 @@ const file_ctrler_proto_rawDesc = "" +
 	"\fLeaveRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
-	"\x04gids\x18\x03 \x03(\x04R\x04gids\"d\n" +
+	"\x04gids\x18\x03 \x03(\x04R\x04gids\"\x88\x01\n" +
 	"\vMoveRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05shard\x18\x03 \x01(\rR\x05shard\x12\x10\n" +
-	"\x03gid\x18\x04 \x01(\x04R\x03gid\"S\n" +
+	"\x03gid\x18\x04 \x01(\x04R\x03gid\x12\"\n" +
+	"\rstop_and_copy\x18\x05 \x01(\bR\vstopAndCopy\"S\n" +
 	"\fUnpinRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
@@ -1110,7 +1270,7 @@ const file_ctrler_proto_rawDesc = "" +
 	"\fQueryRequest\x12\x10\n" +
 	"\x03num\x18\x01 \x01(\x03R\x03num\"\"\n" +
 	"\fWatchRequest\x12\x12\n" +
-	"\x04from\x18\x01 \x01(\x04R\x04from\"\xbb\x01\n" +
+	"\x04from\x18\x01 \x01(\x04R\x04from\"\xd6\x02\n" +
 	"\n" +
 	"ShardState\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x14\n" +
@@ -1121,7 +1281,15 @@ const file_ctrler_proto_rawDesc = "" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x19\n" +
 	"\bpeer_gid\x18\x06 \x01(\x04R\apeerGid\x12\x1d\n" +
 	"\n" +
-	"total_keys\x18\a \x01(\x04R\ttotalKeys\"\xbd\x02\n" +
+	"total_keys\x18\a \x01(\x04R\ttotalKeys\x12\x14\n" +
+	"\x05phase\x18\b \x01(\tR\x05phase\x12\x1b\n" +
+	"\tcaught_up\x18\t \x01(\bR\bcaughtUp\x12\x1f\n" +
+	"\vlag_entries\x18\n" +
+	" \x01(\x04R\n" +
+	"lagEntries\x12$\n" +
+	"\x0ewrite_pause_us\x18\v \x01(\x04R\fwritePauseUs\x12\x1f\n" +
+	"\vtotal_bytes\x18\f \x01(\x04R\n" +
+	"totalBytes\"\xbd\x02\n" +
 	"\vGroupReport\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\x04R\x03gid\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\x04R\bleaderId\x12\x1f\n" +
@@ -1171,61 +1339,63 @@ func file_ctrler_proto_rawDescGZIP() []byte {
 	return file_ctrler_proto_rawDescData
 }
 
-var file_ctrler_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_ctrler_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_ctrler_proto_goTypes = []any{
 	(*Server)(nil),               // 0: shardkv.v1.Server
 	(*Group)(nil),                // 1: shardkv.v1.Group
-	(*Pin)(nil),                  // 2: shardkv.v1.Pin
-	(*Config)(nil),               // 3: shardkv.v1.Config
-	(*JoinRequest)(nil),          // 4: shardkv.v1.JoinRequest
-	(*LeaveRequest)(nil),         // 5: shardkv.v1.LeaveRequest
-	(*MoveRequest)(nil),          // 6: shardkv.v1.MoveRequest
-	(*UnpinRequest)(nil),         // 7: shardkv.v1.UnpinRequest
-	(*ConfigReply)(nil),          // 8: shardkv.v1.ConfigReply
-	(*QueryRequest)(nil),         // 9: shardkv.v1.QueryRequest
-	(*WatchRequest)(nil),         // 10: shardkv.v1.WatchRequest
-	(*ShardState)(nil),           // 11: shardkv.v1.ShardState
-	(*GroupReport)(nil),          // 12: shardkv.v1.GroupReport
-	(*ReportReply)(nil),          // 13: shardkv.v1.ReportReply
-	(*ClusterStatusRequest)(nil), // 14: shardkv.v1.ClusterStatusRequest
-	(*GroupStatus)(nil),          // 15: shardkv.v1.GroupStatus
-	(*ClusterStatus)(nil),        // 16: shardkv.v1.ClusterStatus
-	(*Member)(nil),               // 17: shardkv.v1.Member
-	(*MemberStatus)(nil),         // 18: shardkv.v1.MemberStatus
+	(*PlannedMove)(nil),          // 2: shardkv.v1.PlannedMove
+	(*Pin)(nil),                  // 3: shardkv.v1.Pin
+	(*Config)(nil),               // 4: shardkv.v1.Config
+	(*JoinRequest)(nil),          // 5: shardkv.v1.JoinRequest
+	(*LeaveRequest)(nil),         // 6: shardkv.v1.LeaveRequest
+	(*MoveRequest)(nil),          // 7: shardkv.v1.MoveRequest
+	(*UnpinRequest)(nil),         // 8: shardkv.v1.UnpinRequest
+	(*ConfigReply)(nil),          // 9: shardkv.v1.ConfigReply
+	(*QueryRequest)(nil),         // 10: shardkv.v1.QueryRequest
+	(*WatchRequest)(nil),         // 11: shardkv.v1.WatchRequest
+	(*ShardState)(nil),           // 12: shardkv.v1.ShardState
+	(*GroupReport)(nil),          // 13: shardkv.v1.GroupReport
+	(*ReportReply)(nil),          // 14: shardkv.v1.ReportReply
+	(*ClusterStatusRequest)(nil), // 15: shardkv.v1.ClusterStatusRequest
+	(*GroupStatus)(nil),          // 16: shardkv.v1.GroupStatus
+	(*ClusterStatus)(nil),        // 17: shardkv.v1.ClusterStatus
+	(*Member)(nil),               // 18: shardkv.v1.Member
+	(*MemberStatus)(nil),         // 19: shardkv.v1.MemberStatus
 }
 var file_ctrler_proto_depIdxs = []int32{
 	0,  // 0: shardkv.v1.Group.servers:type_name -> shardkv.v1.Server
 	1,  // 1: shardkv.v1.Config.groups:type_name -> shardkv.v1.Group
-	2,  // 2: shardkv.v1.Config.pins:type_name -> shardkv.v1.Pin
-	1,  // 3: shardkv.v1.JoinRequest.groups:type_name -> shardkv.v1.Group
-	3,  // 4: shardkv.v1.ConfigReply.config:type_name -> shardkv.v1.Config
-	11, // 5: shardkv.v1.GroupReport.shards:type_name -> shardkv.v1.ShardState
-	17, // 6: shardkv.v1.GroupReport.members:type_name -> shardkv.v1.Member
-	12, // 7: shardkv.v1.GroupStatus.report:type_name -> shardkv.v1.GroupReport
-	3,  // 8: shardkv.v1.ClusterStatus.latest:type_name -> shardkv.v1.Config
-	18, // 9: shardkv.v1.ClusterStatus.controller:type_name -> shardkv.v1.MemberStatus
-	15, // 10: shardkv.v1.ClusterStatus.groups:type_name -> shardkv.v1.GroupStatus
-	4,  // 11: shardkv.v1.Controller.Join:input_type -> shardkv.v1.JoinRequest
-	5,  // 12: shardkv.v1.Controller.Leave:input_type -> shardkv.v1.LeaveRequest
-	6,  // 13: shardkv.v1.Controller.Move:input_type -> shardkv.v1.MoveRequest
-	7,  // 14: shardkv.v1.Controller.Unpin:input_type -> shardkv.v1.UnpinRequest
-	9,  // 15: shardkv.v1.Controller.Query:input_type -> shardkv.v1.QueryRequest
-	10, // 16: shardkv.v1.Controller.Watch:input_type -> shardkv.v1.WatchRequest
-	12, // 17: shardkv.v1.Controller.Report:input_type -> shardkv.v1.GroupReport
-	14, // 18: shardkv.v1.Controller.Status:input_type -> shardkv.v1.ClusterStatusRequest
-	8,  // 19: shardkv.v1.Controller.Join:output_type -> shardkv.v1.ConfigReply
-	8,  // 20: shardkv.v1.Controller.Leave:output_type -> shardkv.v1.ConfigReply
-	8,  // 21: shardkv.v1.Controller.Move:output_type -> shardkv.v1.ConfigReply
-	8,  // 22: shardkv.v1.Controller.Unpin:output_type -> shardkv.v1.ConfigReply
-	3,  // 23: shardkv.v1.Controller.Query:output_type -> shardkv.v1.Config
-	3,  // 24: shardkv.v1.Controller.Watch:output_type -> shardkv.v1.Config
-	13, // 25: shardkv.v1.Controller.Report:output_type -> shardkv.v1.ReportReply
-	16, // 26: shardkv.v1.Controller.Status:output_type -> shardkv.v1.ClusterStatus
-	19, // [19:27] is the sub-list for method output_type
-	11, // [11:19] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	3,  // 2: shardkv.v1.Config.pins:type_name -> shardkv.v1.Pin
+	2,  // 3: shardkv.v1.Config.moves:type_name -> shardkv.v1.PlannedMove
+	1,  // 4: shardkv.v1.JoinRequest.groups:type_name -> shardkv.v1.Group
+	4,  // 5: shardkv.v1.ConfigReply.config:type_name -> shardkv.v1.Config
+	12, // 6: shardkv.v1.GroupReport.shards:type_name -> shardkv.v1.ShardState
+	18, // 7: shardkv.v1.GroupReport.members:type_name -> shardkv.v1.Member
+	13, // 8: shardkv.v1.GroupStatus.report:type_name -> shardkv.v1.GroupReport
+	4,  // 9: shardkv.v1.ClusterStatus.latest:type_name -> shardkv.v1.Config
+	19, // 10: shardkv.v1.ClusterStatus.controller:type_name -> shardkv.v1.MemberStatus
+	16, // 11: shardkv.v1.ClusterStatus.groups:type_name -> shardkv.v1.GroupStatus
+	5,  // 12: shardkv.v1.Controller.Join:input_type -> shardkv.v1.JoinRequest
+	6,  // 13: shardkv.v1.Controller.Leave:input_type -> shardkv.v1.LeaveRequest
+	7,  // 14: shardkv.v1.Controller.Move:input_type -> shardkv.v1.MoveRequest
+	8,  // 15: shardkv.v1.Controller.Unpin:input_type -> shardkv.v1.UnpinRequest
+	10, // 16: shardkv.v1.Controller.Query:input_type -> shardkv.v1.QueryRequest
+	11, // 17: shardkv.v1.Controller.Watch:input_type -> shardkv.v1.WatchRequest
+	13, // 18: shardkv.v1.Controller.Report:input_type -> shardkv.v1.GroupReport
+	15, // 19: shardkv.v1.Controller.Status:input_type -> shardkv.v1.ClusterStatusRequest
+	9,  // 20: shardkv.v1.Controller.Join:output_type -> shardkv.v1.ConfigReply
+	9,  // 21: shardkv.v1.Controller.Leave:output_type -> shardkv.v1.ConfigReply
+	9,  // 22: shardkv.v1.Controller.Move:output_type -> shardkv.v1.ConfigReply
+	9,  // 23: shardkv.v1.Controller.Unpin:output_type -> shardkv.v1.ConfigReply
+	4,  // 24: shardkv.v1.Controller.Query:output_type -> shardkv.v1.Config
+	4,  // 25: shardkv.v1.Controller.Watch:output_type -> shardkv.v1.Config
+	14, // 26: shardkv.v1.Controller.Report:output_type -> shardkv.v1.ReportReply
+	17, // 27: shardkv.v1.Controller.Status:output_type -> shardkv.v1.ClusterStatus
+	20, // [20:28] is the sub-list for method output_type
+	12, // [12:20] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_ctrler_proto_init() }
@@ -1240,7 +1410,7 @@ func file_ctrler_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ctrler_proto_rawDesc), len(file_ctrler_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

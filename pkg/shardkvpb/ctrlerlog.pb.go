@@ -35,6 +35,7 @@ type ControllerCommand struct {
 	//	*ControllerCommand_Move
 	//	*ControllerCommand_Unpin
 	//	*ControllerCommand_Compact
+	//	*ControllerCommand_CutOver
 	Op            isControllerCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -131,6 +132,15 @@ func (x *ControllerCommand) GetCompact() *ControllerCompact {
 	return nil
 }
 
+func (x *ControllerCommand) GetCutOver() *ControllerCutOver {
+	if x != nil {
+		if x, ok := x.Op.(*ControllerCommand_CutOver); ok {
+			return x.CutOver
+		}
+	}
+	return nil
+}
+
 type isControllerCommand_Op interface {
 	isControllerCommand_Op()
 }
@@ -161,6 +171,11 @@ type ControllerCommand_Compact struct {
 	Compact *ControllerCompact `protobuf:"bytes,6,opt,name=compact,proto3,oneof"`
 }
 
+type ControllerCommand_CutOver struct {
+	// The leader's cut-over of planned moves whose targets caught up.
+	CutOver *ControllerCutOver `protobuf:"bytes,7,opt,name=cut_over,json=cutOver,proto3,oneof"`
+}
+
 func (*ControllerCommand_Init) isControllerCommand_Op() {}
 
 func (*ControllerCommand_Join) isControllerCommand_Op() {}
@@ -172,6 +187,8 @@ func (*ControllerCommand_Move) isControllerCommand_Op() {}
 func (*ControllerCommand_Unpin) isControllerCommand_Op() {}
 
 func (*ControllerCommand_Compact) isControllerCommand_Op() {}
+
+func (*ControllerCommand_CutOver) isControllerCommand_Op() {}
 
 type ControllerInit struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -270,25 +287,74 @@ func (x *ControllerCompact) GetBelow() uint64 {
 	return 0
 }
 
+// Hands each listed planned move's shard to its target (a new config);
+// a move that is no longer planned exactly so is skipped.
+type ControllerCutOver struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Moves         []*PlannedMove         `protobuf:"bytes,1,rep,name=moves,proto3" json:"moves,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ControllerCutOver) Reset() {
+	*x = ControllerCutOver{}
+	mi := &file_ctrlerlog_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ControllerCutOver) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ControllerCutOver) ProtoMessage() {}
+
+func (x *ControllerCutOver) ProtoReflect() protoreflect.Message {
+	mi := &file_ctrlerlog_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ControllerCutOver.ProtoReflect.Descriptor instead.
+func (*ControllerCutOver) Descriptor() ([]byte, []int) {
+	return file_ctrlerlog_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ControllerCutOver) GetMoves() []*PlannedMove {
+	if x != nil {
+		return x.Moves
+	}
+	return nil
+}
+
 var File_ctrlerlog_proto protoreflect.FileDescriptor
 
 const file_ctrlerlog_proto_rawDesc = "" +
 	"\n" +
 	"\x0fctrlerlog.proto\x12\n" +
-	"shardkv.v1\x1a\fctrler.proto\"\xce\x02\n" +
+	"shardkv.v1\x1a\fctrler.proto\"\x8a\x03\n" +
 	"\x11ControllerCommand\x120\n" +
 	"\x04init\x18\x01 \x01(\v2\x1a.shardkv.v1.ControllerInitH\x00R\x04init\x12-\n" +
 	"\x04join\x18\x02 \x01(\v2\x17.shardkv.v1.JoinRequestH\x00R\x04join\x120\n" +
 	"\x05leave\x18\x03 \x01(\v2\x18.shardkv.v1.LeaveRequestH\x00R\x05leave\x12-\n" +
 	"\x04move\x18\x04 \x01(\v2\x17.shardkv.v1.MoveRequestH\x00R\x04move\x120\n" +
 	"\x05unpin\x18\x05 \x01(\v2\x18.shardkv.v1.UnpinRequestH\x00R\x05unpin\x129\n" +
-	"\acompact\x18\x06 \x01(\v2\x1d.shardkv.v1.ControllerCompactH\x00R\acompactB\x04\n" +
+	"\acompact\x18\x06 \x01(\v2\x1d.shardkv.v1.ControllerCompactH\x00R\acompact\x12:\n" +
+	"\bcut_over\x18\a \x01(\v2\x1d.shardkv.v1.ControllerCutOverH\x00R\acutOverB\x04\n" +
 	"\x02opJ\x04\b\x0f\x10\x10\"F\n" +
 	"\x0eControllerInit\x12\x16\n" +
 	"\x06shards\x18\x01 \x01(\rR\x06shards\x12\x1c\n" +
 	"\tplacement\x18\x02 \x01(\tR\tplacement\")\n" +
 	"\x11ControllerCompact\x12\x14\n" +
-	"\x05below\x18\x01 \x01(\x04R\x05belowB*Z(github.com/shardkv/shardkv/pkg/shardkvpbb\x06proto3"
+	"\x05below\x18\x01 \x01(\x04R\x05below\"B\n" +
+	"\x11ControllerCutOver\x12-\n" +
+	"\x05moves\x18\x01 \x03(\v2\x17.shardkv.v1.PlannedMoveR\x05movesB*Z(github.com/shardkv/shardkv/pkg/shardkvpbb\x06proto3"
 
 var (
 	file_ctrlerlog_proto_rawDescOnce sync.Once
@@ -302,28 +368,32 @@ func file_ctrlerlog_proto_rawDescGZIP() []byte {
 	return file_ctrlerlog_proto_rawDescData
 }
 
-var file_ctrlerlog_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_ctrlerlog_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_ctrlerlog_proto_goTypes = []any{
 	(*ControllerCommand)(nil), // 0: shardkv.v1.ControllerCommand
 	(*ControllerInit)(nil),    // 1: shardkv.v1.ControllerInit
 	(*ControllerCompact)(nil), // 2: shardkv.v1.ControllerCompact
-	(*JoinRequest)(nil),       // 3: shardkv.v1.JoinRequest
-	(*LeaveRequest)(nil),      // 4: shardkv.v1.LeaveRequest
-	(*MoveRequest)(nil),       // 5: shardkv.v1.MoveRequest
-	(*UnpinRequest)(nil),      // 6: shardkv.v1.UnpinRequest
+	(*ControllerCutOver)(nil), // 3: shardkv.v1.ControllerCutOver
+	(*JoinRequest)(nil),       // 4: shardkv.v1.JoinRequest
+	(*LeaveRequest)(nil),      // 5: shardkv.v1.LeaveRequest
+	(*MoveRequest)(nil),       // 6: shardkv.v1.MoveRequest
+	(*UnpinRequest)(nil),      // 7: shardkv.v1.UnpinRequest
+	(*PlannedMove)(nil),       // 8: shardkv.v1.PlannedMove
 }
 var file_ctrlerlog_proto_depIdxs = []int32{
 	1, // 0: shardkv.v1.ControllerCommand.init:type_name -> shardkv.v1.ControllerInit
-	3, // 1: shardkv.v1.ControllerCommand.join:type_name -> shardkv.v1.JoinRequest
-	4, // 2: shardkv.v1.ControllerCommand.leave:type_name -> shardkv.v1.LeaveRequest
-	5, // 3: shardkv.v1.ControllerCommand.move:type_name -> shardkv.v1.MoveRequest
-	6, // 4: shardkv.v1.ControllerCommand.unpin:type_name -> shardkv.v1.UnpinRequest
+	4, // 1: shardkv.v1.ControllerCommand.join:type_name -> shardkv.v1.JoinRequest
+	5, // 2: shardkv.v1.ControllerCommand.leave:type_name -> shardkv.v1.LeaveRequest
+	6, // 3: shardkv.v1.ControllerCommand.move:type_name -> shardkv.v1.MoveRequest
+	7, // 4: shardkv.v1.ControllerCommand.unpin:type_name -> shardkv.v1.UnpinRequest
 	2, // 5: shardkv.v1.ControllerCommand.compact:type_name -> shardkv.v1.ControllerCompact
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	3, // 6: shardkv.v1.ControllerCommand.cut_over:type_name -> shardkv.v1.ControllerCutOver
+	8, // 7: shardkv.v1.ControllerCutOver.moves:type_name -> shardkv.v1.PlannedMove
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_ctrlerlog_proto_init() }
@@ -339,6 +409,7 @@ func file_ctrlerlog_proto_init() {
 		(*ControllerCommand_Move)(nil),
 		(*ControllerCommand_Unpin)(nil),
 		(*ControllerCommand_Compact)(nil),
+		(*ControllerCommand_CutOver)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -346,7 +417,7 @@ func file_ctrlerlog_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ctrlerlog_proto_rawDesc), len(file_ctrlerlog_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -47,6 +47,9 @@ type GroupCommand struct {
 	// the proposer's limit, carried in the log so that every replica refuses
 	// the same ops (VALUE_TOO_LARGE). 0: the state machine's own hard cap.
 	MaxValueBytes uint64 `protobuf:"varint,9,opt,name=max_value_bytes,json=maxValueBytes,proto3" json:"max_value_bytes,omitempty"`
+	// Owner: delete the next batch of a shard's change index below the
+	// shard's TrimBelow (a planned move was cancelled).
+	TrimChanges   *ShardRef `protobuf:"bytes,10,opt,name=trim_changes,json=trimChanges,proto3" json:"trim_changes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -144,6 +147,13 @@ func (x *GroupCommand) GetMaxValueBytes() uint64 {
 	return 0
 }
 
+func (x *GroupCommand) GetTrimChanges() *ShardRef {
+	if x != nil {
+		return x.TrimChanges
+	}
+	return nil
+}
+
 type ShardRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Shard         uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
@@ -209,7 +219,17 @@ type InsertChunk struct {
 	TotalKeys uint64      `protobuf:"varint,7,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"`
 	// The source's log clock (ShardChunk.log_time_ns): the apply raises the
 	// log clock to at least it.
-	LogTimeNs     int64 `protobuf:"varint,8,opt,name=log_time_ns,json=logTimeNs,proto3" json:"log_time_ns,omitempty"`
+	LogTimeNs int64 `protobuf:"varint,8,opt,name=log_time_ns,json=logTimeNs,proto3" json:"log_time_ns,omitempty"`
+	// Pre-copy and deltas (ShardChunk's fields): a pre-copy chunk applies
+	// only to a PreCopying shard, a delta chunk only at cursor.
+	Precopy       bool   `protobuf:"varint,9,opt,name=precopy,proto3" json:"precopy,omitempty"`
+	Delta         bool   `protobuf:"varint,10,opt,name=delta,proto3" json:"delta,omitempty"`
+	Cursor        []byte `protobuf:"bytes,11,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	NextCursor    []byte `protobuf:"bytes,12,opt,name=next_cursor,json=nextCursor,proto3" json:"next_cursor,omitempty"`
+	SourceIndex   uint64 `protobuf:"varint,13,opt,name=source_index,json=sourceIndex,proto3" json:"source_index,omitempty"`
+	CaughtUp      bool   `protobuf:"varint,14,opt,name=caught_up,json=caughtUp,proto3" json:"caught_up,omitempty"`
+	FrozeAtNs     int64  `protobuf:"varint,15,opt,name=froze_at_ns,json=frozeAtNs,proto3" json:"froze_at_ns,omitempty"`
+	TotalBytes    uint64 `protobuf:"varint,16,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -300,12 +320,68 @@ func (x *InsertChunk) GetLogTimeNs() int64 {
 	return 0
 }
 
+func (x *InsertChunk) GetPrecopy() bool {
+	if x != nil {
+		return x.Precopy
+	}
+	return false
+}
+
+func (x *InsertChunk) GetDelta() bool {
+	if x != nil {
+		return x.Delta
+	}
+	return false
+}
+
+func (x *InsertChunk) GetCursor() []byte {
+	if x != nil {
+		return x.Cursor
+	}
+	return nil
+}
+
+func (x *InsertChunk) GetNextCursor() []byte {
+	if x != nil {
+		return x.NextCursor
+	}
+	return nil
+}
+
+func (x *InsertChunk) GetSourceIndex() uint64 {
+	if x != nil {
+		return x.SourceIndex
+	}
+	return 0
+}
+
+func (x *InsertChunk) GetCaughtUp() bool {
+	if x != nil {
+		return x.CaughtUp
+	}
+	return false
+}
+
+func (x *InsertChunk) GetFrozeAtNs() int64 {
+	if x != nil {
+		return x.FrozeAtNs
+	}
+	return 0
+}
+
+func (x *InsertChunk) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
 var File_grouplog_proto protoreflect.FileDescriptor
 
 const file_grouplog_proto_rawDesc = "" +
 	"\n" +
 	"\x0egrouplog.proto\x12\n" +
-	"shardkv.v1\x1a\fctrler.proto\x1a\bkv.proto\"\x9e\x03\n" +
+	"shardkv.v1\x1a\fctrler.proto\x1a\bkv.proto\"\xd7\x03\n" +
 	"\fGroupCommand\x12+\n" +
 	"\x06writes\x18\x01 \x03(\v2\x13.shardkv.v1.WriteOpR\x06writes\x123\n" +
 	"\vnext_config\x18\x02 \x01(\v2\x12.shardkv.v1.ConfigR\n" +
@@ -317,11 +393,13 @@ const file_grouplog_proto_rawDesc = "" +
 	"\x0fexpire_sessions\x18\a \x01(\bR\x0eexpireSessions\x12\x1f\n" +
 	"\vexpire_keys\x18\b \x01(\bR\n" +
 	"expireKeys\x12&\n" +
-	"\x0fmax_value_bytes\x18\t \x01(\x04R\rmaxValueBytes\"?\n" +
+	"\x0fmax_value_bytes\x18\t \x01(\x04R\rmaxValueBytes\x127\n" +
+	"\ftrim_changes\x18\n" +
+	" \x01(\v2\x14.shardkv.v1.ShardRefR\vtrimChanges\"?\n" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +
-	"config_num\x18\x02 \x01(\x04R\tconfigNum\"\xf2\x01\n" +
+	"config_num\x18\x02 \x01(\x04R\tconfigNum\"\xdc\x03\n" +
 	"\vInsertChunk\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +
@@ -332,7 +410,18 @@ const file_grouplog_proto_rawDesc = "" +
 	"\x04last\x18\x06 \x01(\bR\x04last\x12\x1d\n" +
 	"\n" +
 	"total_keys\x18\a \x01(\x04R\ttotalKeys\x12\x1e\n" +
-	"\vlog_time_ns\x18\b \x01(\x03R\tlogTimeNsB*Z(github.com/shardkv/shardkv/pkg/shardkvpbb\x06proto3"
+	"\vlog_time_ns\x18\b \x01(\x03R\tlogTimeNs\x12\x18\n" +
+	"\aprecopy\x18\t \x01(\bR\aprecopy\x12\x14\n" +
+	"\x05delta\x18\n" +
+	" \x01(\bR\x05delta\x12\x16\n" +
+	"\x06cursor\x18\v \x01(\fR\x06cursor\x12\x1f\n" +
+	"\vnext_cursor\x18\f \x01(\fR\n" +
+	"nextCursor\x12!\n" +
+	"\fsource_index\x18\r \x01(\x04R\vsourceIndex\x12\x1b\n" +
+	"\tcaught_up\x18\x0e \x01(\bR\bcaughtUp\x12\x1e\n" +
+	"\vfroze_at_ns\x18\x0f \x01(\x03R\tfrozeAtNs\x12\x1f\n" +
+	"\vtotal_bytes\x18\x10 \x01(\x04R\n" +
+	"totalBytesB*Z(github.com/shardkv/shardkv/pkg/shardkvpbb\x06proto3"
 
 var (
 	file_grouplog_proto_rawDescOnce sync.Once
@@ -362,12 +451,13 @@ var file_grouplog_proto_depIdxs = []int32{
 	1, // 3: shardkv.v1.GroupCommand.acked:type_name -> shardkv.v1.ShardRef
 	1, // 4: shardkv.v1.GroupCommand.gc:type_name -> shardkv.v1.ShardRef
 	1, // 5: shardkv.v1.GroupCommand.delete_chunk:type_name -> shardkv.v1.ShardRef
-	5, // 6: shardkv.v1.InsertChunk.kvs:type_name -> shardkv.v1.KeyValue
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	1, // 6: shardkv.v1.GroupCommand.trim_changes:type_name -> shardkv.v1.ShardRef
+	5, // 7: shardkv.v1.InsertChunk.kvs:type_name -> shardkv.v1.KeyValue
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_grouplog_proto_init() }

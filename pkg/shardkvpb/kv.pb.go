@@ -820,12 +820,21 @@ func (x *MultiWriteReply) GetResults() []*WriteResult {
 }
 
 type FetchShardRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Shard         uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
-	ConfigNum     uint64                 `protobuf:"varint,2,opt,name=config_num,json=configNum,proto3" json:"config_num,omitempty"`
-	Gid           uint64                 `protobuf:"varint,3,opt,name=gid,proto3" json:"gid,omitempty"`                          // the puller
-	AfterKey      []byte                 `protobuf:"bytes,4,opt,name=after_key,json=afterKey,proto3" json:"after_key,omitempty"` // resume: send keys after this one
-	Resume        bool                   `protobuf:"varint,5,opt,name=resume,proto3" json:"resume,omitempty"`                    // after_key is set (the empty key is a valid key)
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Shard     uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	ConfigNum uint64                 `protobuf:"varint,2,opt,name=config_num,json=configNum,proto3" json:"config_num,omitempty"`
+	Gid       uint64                 `protobuf:"varint,3,opt,name=gid,proto3" json:"gid,omitempty"`                          // the puller
+	AfterKey  []byte                 `protobuf:"bytes,4,opt,name=after_key,json=afterKey,proto3" json:"after_key,omitempty"` // resume: send keys after this one
+	Resume    bool                   `protobuf:"varint,5,opt,name=resume,proto3" json:"resume,omitempty"`                    // after_key is set (the empty key is a valid key)
+	// Pre-copy: the shard is still served by the source (config_num is the
+	// config that planned the move); otherwise it must be frozen (config_num
+	// is the cut-over config).
+	Precopy bool `protobuf:"varint,6,opt,name=precopy,proto3" json:"precopy,omitempty"`
+	// Send the changes from cursor on (a position in the source's change
+	// index) instead of the snapshot; from a frozen source, then the dedup
+	// table, and last.
+	Delta         bool   `protobuf:"varint,7,opt,name=delta,proto3" json:"delta,omitempty"`
+	Cursor        []byte `protobuf:"bytes,8,opt,name=cursor,proto3" json:"cursor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -893,6 +902,27 @@ func (x *FetchShardRequest) GetResume() bool {
 		return x.Resume
 	}
 	return false
+}
+
+func (x *FetchShardRequest) GetPrecopy() bool {
+	if x != nil {
+		return x.Precopy
+	}
+	return false
+}
+
+func (x *FetchShardRequest) GetDelta() bool {
+	if x != nil {
+		return x.Delta
+	}
+	return false
+}
+
+func (x *FetchShardRequest) GetCursor() []byte {
+	if x != nil {
+		return x.Cursor
+	}
+	return nil
 }
 
 type KeyValue struct {
@@ -1010,7 +1040,18 @@ type ShardChunk struct {
 	// The source group's log clock (Unix ns) for the frozen shard: the new
 	// owner's log clock is raised to at least it, so no key the source saw
 	// expired is live again there.
-	LogTimeNs     int64 `protobuf:"varint,5,opt,name=log_time_ns,json=logTimeNs,proto3" json:"log_time_ns,omitempty"`
+	LogTimeNs int64 `protobuf:"varint,5,opt,name=log_time_ns,json=logTimeNs,proto3" json:"log_time_ns,omitempty"`
+	// The source's applied index of the view the chunk was read from.
+	SourceIndex uint64 `protobuf:"varint,6,opt,name=source_index,json=sourceIndex,proto3" json:"source_index,omitempty"`
+	// Delta: where the next round starts; whether this round reached the end
+	// of the changes; a key whose record is empty was removed.
+	NextCursor []byte `protobuf:"bytes,7,opt,name=next_cursor,json=nextCursor,proto3" json:"next_cursor,omitempty"`
+	CaughtUp   bool   `protobuf:"varint,8,opt,name=caught_up,json=caughtUp,proto3" json:"caught_up,omitempty"`
+	// A frozen source: the log time at which it froze the shard (its write
+	// barrier), for the measured write pause.
+	FrozeAtNs int64 `protobuf:"varint,9,opt,name=froze_at_ns,json=frozeAtNs,proto3" json:"froze_at_ns,omitempty"`
+	// Bytes of the shard's records (key and record), with total_keys.
+	TotalBytes    uint64 `protobuf:"varint,10,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1076,6 +1117,41 @@ func (x *ShardChunk) GetTotalKeys() uint64 {
 func (x *ShardChunk) GetLogTimeNs() int64 {
 	if x != nil {
 		return x.LogTimeNs
+	}
+	return 0
+}
+
+func (x *ShardChunk) GetSourceIndex() uint64 {
+	if x != nil {
+		return x.SourceIndex
+	}
+	return 0
+}
+
+func (x *ShardChunk) GetNextCursor() []byte {
+	if x != nil {
+		return x.NextCursor
+	}
+	return nil
+}
+
+func (x *ShardChunk) GetCaughtUp() bool {
+	if x != nil {
+		return x.CaughtUp
+	}
+	return false
+}
+
+func (x *ShardChunk) GetFrozeAtNs() int64 {
+	if x != nil {
+		return x.FrozeAtNs
+	}
+	return 0
+}
+
+func (x *ShardChunk) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
 	}
 	return 0
 }
@@ -1375,21 +1451,24 @@ const file_kv_proto_rawDesc = "" +
 	"\x11MultiWriteRequest\x12%\n" +
 	"\x03ops\x18\x01 \x03(\v2\x13.shardkv.v1.WriteOpR\x03ops\"D\n" +
 	"\x0fMultiWriteReply\x121\n" +
-	"\aresults\x18\x01 \x03(\v2\x17.shardkv.v1.WriteResultR\aresults\"\x8f\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x17.shardkv.v1.WriteResultR\aresults\"\xd7\x01\n" +
 	"\x11FetchShardRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +
 	"config_num\x18\x02 \x01(\x04R\tconfigNum\x12\x10\n" +
 	"\x03gid\x18\x03 \x01(\x04R\x03gid\x12\x1b\n" +
 	"\tafter_key\x18\x04 \x01(\fR\bafterKey\x12\x16\n" +
-	"\x06resume\x18\x05 \x01(\bR\x06resume\"4\n" +
+	"\x06resume\x18\x05 \x01(\bR\x06resume\x12\x18\n" +
+	"\aprecopy\x18\x06 \x01(\bR\aprecopy\x12\x14\n" +
+	"\x05delta\x18\a \x01(\bR\x05delta\x12\x16\n" +
+	"\x06cursor\x18\b \x01(\fR\x06cursor\"4\n" +
 	"\bKeyValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x16\n" +
 	"\x06record\x18\x02 \x01(\fR\x06record\"?\n" +
 	"\n" +
 	"DedupEntry\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x14\n" +
-	"\x05state\x18\x02 \x01(\fR\x05state\"\xb5\x01\n" +
+	"\x05state\x18\x02 \x01(\fR\x05state\"\xd7\x02\n" +
 	"\n" +
 	"ShardChunk\x12&\n" +
 	"\x03kvs\x18\x01 \x03(\v2\x14.shardkv.v1.KeyValueR\x03kvs\x12,\n" +
@@ -1397,7 +1476,15 @@ const file_kv_proto_rawDesc = "" +
 	"\x04last\x18\x03 \x01(\bR\x04last\x12\x1d\n" +
 	"\n" +
 	"total_keys\x18\x04 \x01(\x04R\ttotalKeys\x12\x1e\n" +
-	"\vlog_time_ns\x18\x05 \x01(\x03R\tlogTimeNs\"^\n" +
+	"\vlog_time_ns\x18\x05 \x01(\x03R\tlogTimeNs\x12!\n" +
+	"\fsource_index\x18\x06 \x01(\x04R\vsourceIndex\x12\x1f\n" +
+	"\vnext_cursor\x18\a \x01(\fR\n" +
+	"nextCursor\x12\x1b\n" +
+	"\tcaught_up\x18\b \x01(\bR\bcaughtUp\x12\x1e\n" +
+	"\vfroze_at_ns\x18\t \x01(\x03R\tfrozeAtNs\x12\x1f\n" +
+	"\vtotal_bytes\x18\n" +
+	" \x01(\x04R\n" +
+	"totalBytes\"^\n" +
 	"\x15ShardInstalledRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +
