@@ -910,8 +910,10 @@ type GroupReport struct {
 	Shards         []*ShardState          `protobuf:"bytes,7,rep,name=shards,proto3" json:"shards,omitempty"`
 	Members        []*Member              `protobuf:"bytes,8,rep,name=members,proto3" json:"members,omitempty"`
 	AppliedIndex   uint64                 `protobuf:"varint,9,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The group's copy rate limit for shards it pulls, bytes/s (0: none).
+	MigrateBytesPerSec uint64 `protobuf:"varint,10,opt,name=migrate_bytes_per_sec,json=migrateBytesPerSec,proto3" json:"migrate_bytes_per_sec,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *GroupReport) Reset() {
@@ -1003,6 +1005,13 @@ func (x *GroupReport) GetMembers() []*Member {
 func (x *GroupReport) GetAppliedIndex() uint64 {
 	if x != nil {
 		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *GroupReport) GetMigrateBytesPerSec() uint64 {
+	if x != nil {
+		return x.MigrateBytesPerSec
 	}
 	return 0
 }
@@ -1289,7 +1298,7 @@ const file_ctrler_proto_rawDesc = "" +
 	"lagEntries\x12$\n" +
 	"\x0ewrite_pause_us\x18\v \x01(\x04R\fwritePauseUs\x12\x1f\n" +
 	"\vtotal_bytes\x18\f \x01(\x04R\n" +
-	"totalBytes\"\xbd\x02\n" +
+	"totalBytes\"\xf0\x02\n" +
 	"\vGroupReport\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\x04R\x03gid\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\x04R\bleaderId\x12\x1f\n" +
@@ -1301,7 +1310,9 @@ const file_ctrler_proto_rawDesc = "" +
 	"config_num\x18\x06 \x01(\x04R\tconfigNum\x12.\n" +
 	"\x06shards\x18\a \x03(\v2\x16.shardkv.v1.ShardStateR\x06shards\x12,\n" +
 	"\amembers\x18\b \x03(\v2\x12.shardkv.v1.MemberR\amembers\x12#\n" +
-	"\rapplied_index\x18\t \x01(\x04R\fappliedIndex\"2\n" +
+	"\rapplied_index\x18\t \x01(\x04R\fappliedIndex\x121\n" +
+	"\x15migrate_bytes_per_sec\x18\n" +
+	" \x01(\x04R\x12migrateBytesPerSec\"2\n" +
 	"\vReportReply\x12#\n" +
 	"\rlatest_config\x18\x01 \x01(\x04R\flatestConfig\"\x16\n" +
 	"\x14ClusterStatusRequest\"U\n" +
