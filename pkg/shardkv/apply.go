@@ -238,6 +238,8 @@ func (a *applyCtx) apply(cmd *shardkvpb.GroupCommand) (any, error) {
 		return a.startGC(cmd.Gc)
 	case cmd.DeleteChunk != nil:
 		return a.deleteChunk(cmd.DeleteChunk)
+	case cmd.TrimChanges != nil:
+		return a.trimChanges(cmd.TrimChanges)
 	case cmd.ExpireSessions:
 		return a.expire()
 	case cmd.ExpireKeys:

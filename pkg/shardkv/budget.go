@@ -72,9 +72,10 @@ const (
 	maintMaxBytes   = valueInline + 256<<10
 )
 
-// metaMaxBytes bounds an encoded ShardMeta: JSON, its Resume key (at most
-// badgerMaxKey bytes) in base64, and the other fields.
-const metaMaxBytes = 4*(badgerMaxKey+2)/3 + 512
+// metaMaxBytes bounds an encoded ShardMeta: JSON, its Resume key and its
+// copy Cursor (each at most badgerMaxKey bytes) in base64, and the other
+// fields.
+const metaMaxBytes = 2*4*(badgerMaxKey+2)/3 + 1024
 
 // recordCost is a record's size as badger counts it toward a transaction
 // (Entry.estimateSize plus the version), at most; a delete has no value.
@@ -121,7 +122,8 @@ func (b budget) fits() bool { return b.records <= EntryMaxRecords && b.bytes <= 
 // a key written by several ops (a pipeline's APPENDs to one log key) costs
 // once: its value record, with the largest value any of its ops may leave
 // (maxValue for an op that keeps or grows the current one), its tombstone
-// index and the delete of its old expiry index entry; plus one new expiry
+// index, the delete of its old expiry index entry and a change index entry
+// (written while a move of the shard is planned); plus one new expiry
 // index entry per op that may set one (each may name a different time).
 // Per client session touched (one per shard): its record and its two
 // expiry index entries.
@@ -166,6 +168,7 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 		b.add(4+k, recordHeader+largest[ks]) // the record
 		b.add(3+k, 0)                        // tombstone index, set or deleted
 		b.add(11+k, 0)                       // old expiry index entry deleted
+		b.add(11+k, 0)                       // change index entry (a planned move)
 	}
 	// Each session: its record (the entry's sessions share
 	// EntrySessionBytes, see flushSessions) and two expiry index entries.

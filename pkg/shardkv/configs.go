@@ -1,6 +1,7 @@
 package shardkv
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 
@@ -9,8 +10,8 @@ import (
 )
 
 // nextConfig steps from config N to N+1. It applies only if the group is at
-// N and no shard is in motion; otherwise it is a stale or early proposal and
-// is ignored.
+// N and no shard that N+1 changes for this group is in motion (stepBlockers);
+// otherwise it is a stale or early proposal and is ignored.
 func (a *applyCtx) nextConfig(next *shardkvpb.Config) (any, error) {
 	cur := a.config
 	// A group that owns nothing now and nothing in `next` may jump ahead to
@@ -26,7 +27,7 @@ func (a *applyCtx) nextConfig(next *shardkvpb.Config) (any, error) {
 	if cur.Num > 0 && len(next.Shards) != len(cur.Shards) {
 		return nil, fmt.Errorf("config %d has %d shards, config %d had %d", next.Num, len(next.Shards), cur.Num, len(cur.Shards))
 	}
-	if busy := a.busyShards(); len(busy) > 0 {
+	if busy := stepBlockers(a.sm.gid, cur, next, a.meta); len(busy) > 0 {
 		return fmt.Errorf("shards still moving: %v", busy), nil
 	}
 	b, err := proto.Marshal(next)
@@ -46,27 +47,14 @@ func (a *applyCtx) nextConfig(next *shardkvpb.Config) (any, error) {
 		m ShardMeta
 	}
 	var steps []step
-	gid := a.sm.gid
-	for s, newOwner := range next.Shards {
-		var oldOwner uint64
-		if len(cur.Shards) > 0 {
-			oldOwner = cur.Shards[s]
-		}
-		var m ShardMeta
-		switch {
-		case oldOwner == gid && newOwner == gid:
-			continue
-		case oldOwner == gid:
-			m = ShardMeta{State: BePulling, Config: next.Num, Peer: newOwner}
-		case newOwner == gid && oldOwner == 0:
-			m = ShardMeta{State: Serving, Config: next.Num} // brand new: nothing to pull
-		case newOwner == gid:
-			m = ShardMeta{State: Pulling, Config: next.Num, Peer: oldOwner}
-		default:
+	for s := range next.Shards {
+		m, ok := a.shardStep(s, cur, next)
+		if !ok {
 			continue
 		}
 		steps = append(steps, step{s, m})
-		size.add(len(shardMetaKey(s)), 256) // a meta without a resume key
+		enc, _ := json.Marshal(m)
+		size.add(len(shardMetaKey(s)), len(enc))
 	}
 	if err := a.room(size); err != nil {
 		return nil, err
@@ -87,20 +75,104 @@ func (a *applyCtx) nextConfig(next *shardkvpb.Config) (any, error) {
 	return nil, nil
 }
 
-func (a *applyCtx) busyShards() []int {
+// plannedMove is shard s's planned move in conf, if any.
+func plannedMove(conf *shardkvpb.Config, s int) *shardkvpb.PlannedMove {
+	for _, mv := range conf.GetMoves() {
+		if int(mv.Shard) == s {
+			return mv
+		}
+	}
+	return nil
+}
+
+func owner(conf *shardkvpb.Config, s int) uint64 {
+	if s < len(conf.GetShards()) {
+		return conf.Shards[s]
+	}
+	return 0
+}
+
+// shardStep is shard s's state after stepping from cur to next, and
+// whether it changes (see the state diagram in docs/shardkv.md):
+//
+//   - lost: Serving → BePulling (frozen: the write barrier), keeping the
+//     change index position the target's copy continues from;
+//   - gained from nobody: Serving; from a group: Pulling, continuing a
+//     pre-copy from that group if there is one;
+//   - kept, with its move out newly planned: Serving that records its
+//     changes (TrackFrom); with its planned move gone (cancelled): Serving
+//     that deletes them (TrimBelow); a retargeted plan keeps tracking;
+//   - neither owner: a move planned here starts PreCopying; a pre-copy no
+//     longer planned here is discarded (GCing deletes it).
+func (a *applyCtx) shardStep(s int, cur, next *shardkvpb.Config) (ShardMeta, bool) {
+	gid := a.sm.gid
+	old, nw := owner(cur, s), owner(next, s)
+	pn := plannedMove(next, s)
+	m := a.meta(s)
+	switch {
+	case old == gid && nw != gid:
+		return ShardMeta{State: BePulling, Config: next.Num, Peer: nw, TrackFrom: m.TrackFrom, FrozeAtNs: a.nowNS}, true
+	case nw == gid && old == 0:
+		return ShardMeta{State: Serving, Config: next.Num}, true
+	case nw == gid && old != gid:
+		if m.State == PreCopying && m.Peer == old {
+			m.State, m.Config = Pulling, next.Num
+			return m, true
+		}
+		return ShardMeta{State: Pulling, Config: next.Num, Peer: old}, true
+	case old == gid: // kept
+		switch {
+		case pn != nil && pn.ToGid != gid && (m.TrackFrom == 0 || m.Peer != pn.ToGid):
+			if m.TrackFrom == 0 {
+				m.TrackFrom = a.index
+			}
+			m.Peer, m.Config = pn.ToGid, next.Num
+			return m, true
+		case pn == nil && m.TrackFrom != 0:
+			m.TrimBelow, m.TrackFrom, m.Peer, m.Config = a.index, 0, 0, next.Num
+			return m, true
+		}
+	default: // neither owner
+		switch {
+		case pn != nil && pn.ToGid == gid && m.State == NotOwned:
+			return ShardMeta{State: PreCopying, Config: next.Num, Peer: pn.FromGid}, true
+		case m.State == PreCopying && (pn == nil || pn.ToGid != gid || pn.FromGid != m.Peer):
+			return ShardMeta{State: GCing, Config: next.Num}, true
+		}
+	}
+	return m, false
+}
+
+// stepBlockers lists the shards that keep group gid from stepping from cur
+// to next: only shards whose ownership or planned move next changes for
+// this group, and that are in motion. A group steps on while it pulls,
+// confirms or deletes shards next does not touch, and the chain of owners
+// stays intact: a shard it gives away must be Serving here (so it holds
+// all of it), one it gains must be NotOwned here or pre-copied from its
+// owner (a copy still being deleted here must be gone first), and the
+// frozen copy a puller needs is found by its shard state (BePulling for
+// the pull's config), whatever config its holder has reached since.
+func stepBlockers(gid uint64, cur, next *shardkvpb.Config, meta func(int) ShardMeta) []int {
 	var busy []int
-	a.sm.mu.RLock()
-	for s, m := range a.sm.shards {
-		if _, staged := a.metas[s]; !staged && m.State != Serving {
+	for s := range next.Shards {
+		old, nw := owner(cur, s), owner(next, s)
+		pc, pn := plannedMove(cur, s), plannedMove(next, s)
+		planChanged := !proto.Equal(pc, pn)
+		m := meta(s)
+		ok := true
+		switch {
+		case old == gid && nw != gid:
+			ok = m.State == Serving
+		case nw == gid && old != gid:
+			ok = m.State == NotOwned || (m.State == PreCopying && m.Peer == old && old != 0)
+		case old == gid:
+			ok = !planChanged || m.State == Serving
+		case planChanged && pn != nil && pn.ToGid == gid:
+			ok = m.State == NotOwned || (m.State == PreCopying && m.Peer == pn.FromGid)
+		}
+		if !ok {
 			busy = append(busy, s)
 		}
 	}
-	a.sm.mu.RUnlock()
-	for s, m := range a.metas {
-		if m.State != Serving && m.State != NotOwned {
-			busy = append(busy, s)
-		}
-	}
-	slices.Sort(busy) // it goes into the entry's result: the same on every replica
-	return busy
+	return busy // in shard order: it goes into the entry's result
 }

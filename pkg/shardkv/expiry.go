@@ -189,11 +189,12 @@ func (a *applyCtx) tombstoneScan(cursor []byte) (keys [][]byte, whole bool) {
 const ExpireKeysBatch = 1000
 
 // expireCost is the most expiring a key of keyLen bytes writes: its
-// tombstone, its tombstone index entry, and two deletes of its expiry index
-// entry (putRecord's and expireKeys' own; badger counts both).
+// tombstone, its tombstone index entry, two deletes of its expiry index
+// entry (putRecord's and expireKeys' own; badger counts both), and a change
+// index entry (a planned move).
 func expireCost(keyLen int) int {
 	return recordCost(len(dataKey(0, nil))+keyLen, recordHeader) + recordCost(len(tombstoneKey(0, nil))+keyLen, 0) +
-		2*recordCost(longestKeyPrefix+keyLen, 0)
+		3*recordCost(longestKeyPrefix+keyLen, 0)
 }
 
 // expiresKey is the expiry index entry of a key that has an expiry.

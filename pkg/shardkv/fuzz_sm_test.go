@@ -172,11 +172,13 @@ func (g *logGen) log() []raftgroup.Entry {
 			cmd = &shardkvpb.GroupCommand{NextConfig: g.config(owners)}
 		case 7:
 			ref := &shardkvpb.ShardRef{Shard: uint32(g.intn(fuzzShards)), ConfigNum: g.conf - uint64(g.intn(2))}
-			switch g.intn(3) {
+			switch g.intn(4) {
 			case 0:
 				cmd = &shardkvpb.GroupCommand{Acked: ref}
 			case 1:
 				cmd = &shardkvpb.GroupCommand{Gc: ref}
+			case 2:
+				cmd = &shardkvpb.GroupCommand{TrimChanges: ref}
 			default:
 				cmd = &shardkvpb.GroupCommand{DeleteChunk: ref}
 			}
@@ -225,9 +227,21 @@ func (g *logGen) entry(cmd *shardkvpb.GroupCommand) raftgroup.Entry {
 
 func (g *logGen) config(owners []uint64) *shardkvpb.Config {
 	g.conf++
-	return &shardkvpb.Config{Num: g.conf, Shards: owners,
+	c := &shardkvpb.Config{Num: g.conf, Shards: owners,
 		Groups: []*shardkvpb.Group{{Gid: 7, Servers: []*shardkvpb.Server{{Id: 1, Addr: "a:1"}}}, {Gid: 8, Servers: []*shardkvpb.Server{{Id: 1, Addr: "b:1"}}}}}
+	// Planned moves between the two groups (the source keeps the shard).
+	for sh, o := range owners {
+		if o != 0 && g.intn(3) == 0 {
+			c.Moves = append(c.Moves, &shardkvpb.PlannedMove{Shard: uint32(sh), FromGid: o, ToGid: 15 - o, SinceConfig: g.conf})
+		}
+	}
+	return c
 }
+
+// fuzzSourceIndex is the source index every generated snapshot chunk
+// names, so that generated rounds of changes can name the cursor a copy
+// starts from (its position after that index).
+const fuzzSourceIndex = 5
 
 func (g *logGen) key() []byte {
 	switch g.intn(16) {
@@ -324,6 +338,21 @@ func (g *logGen) chunk() *shardkvpb.InsertChunk {
 	}
 	if g.intn(2) == 0 {
 		c.LogTimeNs = g.now.Add(time.Duration(g.intn(64)-32) * time.Second).UnixNano() // the source's clock
+	}
+	c.Precopy = g.intn(2) == 0
+	c.SourceIndex = fuzzSourceIndex
+	if g.intn(3) == 0 {
+		// A round of changes: from the cursor a copy starts at (or a stale
+		// one), records to replace and keys removed (empty records).
+		c.Delta, c.AfterKey = true, nil
+		c.Cursor = changePos(s, fuzzSourceIndex+1+uint64(g.intn(2)))
+		c.NextCursor = changePos(s, fuzzSourceIndex+1+uint64(g.intn(3)))
+		c.CaughtUp, c.FrozeAtNs = g.intn(2) == 0, g.now.Add(-time.Duration(g.intn(100))*time.Millisecond).UnixNano()
+		for _, kv := range c.Kvs {
+			if g.intn(3) == 0 {
+				kv.Record = nil
+			}
+		}
 	}
 	return c
 }

@@ -35,6 +35,11 @@ type GroupConfig struct {
 	// (default 4). Per source, so that a source that is down (its pulls
 	// retry until it is back) never holds up the shards of the others.
 	PullConcurrency int
+	// MigrateBytesPerSec limits the bytes per second this group copies in
+	// (every shard it pulls, together; 0: no limit), so that a large move
+	// does not starve foreground traffic. The last round of a move, which
+	// the shard's writes wait for, is not limited.
+	MigrateBytesPerSec int64
 	// ReportEvery is the heartbeat period to the controller (default 500ms).
 	ReportEvery time.Duration
 	// ExpireEvery is how often the leader proposes session and tombstone
@@ -60,6 +65,8 @@ type Group struct {
 
 	pool  *grpcdial.Pool   // connections to other groups' replicas
 	peers *grpcdial.Caller // leader-first calls to a group, by gid
+
+	copyRate *copyThrottle // nil: no copy rate limit
 
 	knownMu sync.Mutex
 	known   map[uint64]*shardkvpb.Config // configs from the controller, ahead of ours
@@ -108,7 +115,8 @@ func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
 		cfg.MaxValueBytes = fit
 	}
 	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), transferCallOptions(r.MaxCommandBytes()))
-	g := &Group{cfg: cfg, r: r, sm: sm, log: cfg.Logger.With("gid", sm.gid), known: map[uint64]*shardkvpb.Config{}, heard: map[uint64]uint64{}}
+	g := &Group{cfg: cfg, r: r, sm: sm, log: cfg.Logger.With("gid", sm.gid), known: map[uint64]*shardkvpb.Config{}, heard: map[uint64]uint64{},
+		copyRate: newCopyThrottle(cfg.MigrateBytesPerSec)}
 	g.pool = grpcdial.NewPool(cfg.DialOptions...)
 	g.peers = grpcdial.NewCaller(g.pool)
 	g.ctx, g.stop = context.WithCancel(context.Background())

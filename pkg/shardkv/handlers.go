@@ -25,7 +25,7 @@ func (g *Group) Get(ctx context.Context, req *shardkvpb.GetRequest) (*shardkvpb.
 // MultiGet reads several keys of this group after one ReadIndex.
 func (g *Group) MultiGet(ctx context.Context, req *shardkvpb.MultiGetRequest) (*shardkvpb.MultiGetReply, error) {
 	for _, k := range req.Keys {
-		if _, code := g.sm.route(k); code != OK {
+		if code := g.routeWait(ctx, k); code != OK {
 			return nil, g.opError(k, code, false)
 		}
 	}

@@ -1,6 +1,7 @@
 package shardkv
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,30 +20,95 @@ import (
 // (ShardInstalled) is confirmed with the new owner's own replicas, at the
 // addresses the controller's config lists, before anything is deleted.
 
-// FetchShard streams a frozen (BePulling) shard to its new owner. Any replica
-// that has applied the BePulling state can serve it: no write reaches a
-// BePulling shard, so its data is final. Only the group the shard goes to
-// in the named config may pull it.
+// barrierWait is how long a hand-off call (and a request for a shard
+// behind its write barrier) waits for this replica to reach the state it
+// needs, rather than refusing at once into the caller's backoff: the source
+// and the target learn the cut-over config at about the same time.
+const barrierWait = 2 * time.Second
+
+// FetchShard streams shard s to the group it moves to: with precopy, a
+// snapshot or a round of changes of a shard this group still serves, whose
+// move to the caller is planned (its writes are recorded in the change
+// index); otherwise from the frozen (BePulling) copy, whose data is final,
+// ending with the dedup table. Any replica that has applied the state can
+// serve it. Only the group the shard goes to may pull it.
 func (g *Group) FetchShard(req *shardkvpb.FetchShardRequest, stream shardkvpb.KV_FetchShardServer) error {
 	s := int(req.Shard)
+	if n := len(g.sm.Config().Shards); n > 0 && s >= n {
+		return invalid("shard %d does not exist (%d shards)", s, n)
+	}
+	if req.Precopy {
+		m := g.sm.Shard(s)
+		if m.State != Serving || !m.tracking() || m.Peer != req.Gid {
+			return shardkvpb.Error(codes.Unavailable, shardkvpb.ReasonNotReady,
+				fmt.Sprintf("shard %d: no move to group %d is planned on this replica (it holds it as %v at config %d)", s, req.Gid, m, g.sm.Config().Num), nil)
+		}
+		if req.Delta {
+			if err := checkCursor(s, req.Cursor, m); err != nil {
+				return err
+			}
+			return g.sm.StreamChanges(s, req.Cursor, false, 0, stream.Send)
+		}
+		return g.sm.StreamShard(s, req.AfterKey, req.Resume, stream.Send)
+	}
 	if err := g.checkHandoffCaller(s, req.ConfigNum, req.Gid); err != nil {
 		return err
 	}
-	m := g.sm.Shard(s)
-	conf := g.sm.Config()
-	switch {
-	case m.State == BePulling && m.Config == req.ConfigNum:
-		if m.Peer != req.Gid {
-			return notShardOwner(s, req.ConfigNum, req.Gid, m.Peer)
+	m, err := g.frozen(stream.Context(), s, req.ConfigNum)
+	if err != nil {
+		return err
+	}
+	if m.Peer != req.Gid {
+		return notShardOwner(s, req.ConfigNum, req.Gid, m.Peer)
+	}
+	if req.Delta {
+		if err := checkCursor(s, req.Cursor, m); err != nil {
+			return err
 		}
-	case conf.Num < req.ConfigNum || (m.State == BePulling && m.Config < req.ConfigNum):
-		return shardkvpb.Error(codes.Unavailable, shardkvpb.ReasonNotReady,
-			fmt.Sprintf("this replica is at config %d; shard %d for config %d is not ready to hand off", conf.Num, s, req.ConfigNum), nil)
-	default:
-		return shardkvpb.Error(codes.FailedPrecondition, shardkvpb.ReasonInvalid,
-			fmt.Sprintf("shard %d for config %d: this replica holds it as %v at config %d", s, req.ConfigNum, m, conf.Num), nil)
+		return g.sm.StreamChanges(s, req.Cursor, true, m.FrozeAtNs, stream.Send)
 	}
 	return g.sm.StreamShard(s, req.AfterKey, req.Resume, stream.Send)
+}
+
+// frozen waits, up to barrierWait, for this replica to hold shard s frozen
+// (BePulling) for config num, and returns its state.
+func (g *Group) frozen(ctx context.Context, s int, num uint64) (ShardMeta, error) {
+	deadline := time.After(barrierWait)
+	for {
+		changed := g.sm.Changed()
+		m, conf := g.sm.Shard(s), g.sm.Config()
+		switch {
+		case m.State == BePulling && m.Config == num:
+			return m, nil
+		case conf.Num < num || (m.State == BePulling && m.Config < num):
+			select {
+			case <-changed:
+				continue
+			case <-ctx.Done():
+			case <-deadline:
+			}
+			return m, shardkvpb.Error(codes.Unavailable, shardkvpb.ReasonNotReady,
+				fmt.Sprintf("this replica is at config %d; shard %d for config %d is not ready to hand off", conf.Num, s, num), nil)
+		default:
+			return m, shardkvpb.Error(codes.FailedPrecondition, shardkvpb.ReasonInvalid,
+				fmt.Sprintf("shard %d for config %d: this replica holds it as %v at config %d", s, num, m, conf.Num), nil)
+		}
+	}
+}
+
+// checkCursor refuses a round of changes from before the shard's change
+// index starts (TrackFrom): those changes were never recorded. A copy's
+// cursor starts after its snapshot, which a source only reads while it
+// records (or from the frozen copy), so only a stale copy gets here.
+func checkCursor(s int, cursor []byte, m ShardMeta) error {
+	if len(cursor) < changePrefixLen || !bytes.HasPrefix(cursor, append(shardPrefix(s), tagChange)) {
+		return invalid("cursor %x is not a position in shard %d's change index", cursor, s)
+	}
+	if at := changeIndex(cursor); m.TrackFrom != 0 && at < m.TrackFrom {
+		return shardkvpb.Error(codes.FailedPrecondition, shardkvpb.ReasonInvalid,
+			fmt.Sprintf("shard %d: changes before index %d were not recorded here (the copy asks from %d); copy it again", s, m.TrackFrom, at), nil)
+	}
+	return nil
 }
 
 // ShardInstalled: the new owner says it has the shard; start deleting our
@@ -136,19 +202,28 @@ func (g *Group) confirmInstalled(ctx context.Context, s int, m ShardMeta) error 
 }
 
 // holdsShard: the replica that answered info is of group gid and has
-// installed shard s for config num. A group steps past a config only once
-// every shard it gains in it is installed, so being at a later config is
-// proof too.
+// installed shard s for config num: it serves it (Acking or Serving) from
+// that config on, or has since handed it on (a later BePulling or GCing),
+// which it does only with the shard Serving. Being at a later config is no
+// proof: a group steps on while it still pulls shards the step does not
+// touch.
 func holdsShard(info *shardkvpb.GroupInfoReply, gid uint64, s int, num uint64) error {
 	if info.GetGid() != gid {
 		return fmt.Errorf("the replica there is of group %d, not %d", info.GetGid(), gid)
 	}
-	if info.GetConfig().GetNum() > num {
-		return nil
-	}
 	for _, st := range info.GetShards() {
-		if int(st.GetShard()) == s && st.GetConfigNum() == num && (st.GetState() == string(Acking) || st.GetState() == string(Serving)) {
-			return nil
+		if int(st.GetShard()) != s {
+			continue
+		}
+		switch ShardState(st.GetState()) {
+		case Acking, Serving:
+			if st.GetConfigNum() >= num {
+				return nil
+			}
+		case BePulling, GCing:
+			if st.GetConfigNum() > num {
+				return nil
+			}
 		}
 	}
 	return fmt.Errorf("it has not installed shard %d for config %d (at config %d)", s, num, info.GetConfig().GetNum())

@@ -14,6 +14,8 @@ import (
 //	s<shard:2>                                 per-shard state (ShardMeta)
 //	d<shard:2>k<user key>                      a value record
 //	d<shard:2>s<client:8>                      a client session (dedup)
+//	d<shard:2>w<index:7><user key>             change index: key written at index
+//	                                           (only while a move out is planned)
 //	e<lastNS:8><shard:2><client:8>             session expiry index
 //	t<shard:2><user key>                       tombstone index
 //	x<expireAtMs:8><shard:2><user key>         key expiry index
@@ -37,6 +39,9 @@ var (
 const (
 	tagData    = 'k'
 	tagSession = 's'
+	// tagChange sorts after the records and sessions, so a snapshot of a
+	// shard's records and its sessions never meets it.
+	tagChange = 'w'
 )
 
 func shardPrefix(s int) []byte { return []byte{'d', byte(s >> 8), byte(s)} }
@@ -48,6 +53,32 @@ func dataKey(s int, key []byte) []byte {
 func sessionKey(s int, client uint64) []byte {
 	return binary.BigEndian.AppendUint64(append(shardPrefix(s), tagSession), client)
 }
+
+// changeKey is the change index entry of key, written at index: a shard
+// whose move out is planned records every write in it, so that each pre-copy
+// round reads only what changed since the last (changes.go). The index
+// takes 7 bytes (2^56 entries), so the entry is no longer than the key's
+// expiry index entry, which MaxKeyBytesLimit is set by.
+func changeKey(s int, index uint64, key []byte) []byte {
+	k := changePos(s, index)
+	return append(k, key...)
+}
+
+// changePos is where the change index entries written at index start.
+func changePos(s int, index uint64) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], index)
+	return append(append(shardPrefix(s), tagChange), b[1:]...)
+}
+
+// changeIndex is the index of a change index entry (raw key).
+func changeIndex(k []byte) uint64 {
+	var b [8]byte
+	copy(b[1:], k[4:11])
+	return binary.BigEndian.Uint64(b[:])
+}
+
+const changePrefixLen = 11
 
 func shardMetaKey(s int) []byte { return []byte{'s', byte(s >> 8), byte(s)} }
 
@@ -130,8 +161,11 @@ const (
 	// new owner; not served (WRONG_GROUP).
 	BePulling ShardState = "BePulling"
 	// GCing: the new owner has installed the shard; the old copy is being
-	// deleted in bounded chunks through the log.
+	// deleted in bounded chunks through the log. Also a discarded pre-copy.
 	GCing ShardState = "GCing"
+	// PreCopying: a planned move brings the shard here; the source still
+	// owns and serves it while this group copies it (never served here).
+	PreCopying ShardState = "PreCopying"
 )
 
 // ShardMeta is the persisted state of one shard.
@@ -146,7 +180,36 @@ type ShardMeta struct {
 	Keys    uint64 `json:"keys,omitempty"`
 	Bytes   uint64 `json:"bytes,omitempty"`
 	Total   uint64 `json:"total,omitempty"` // keys the source reported, once known
+
+	// A copy (PreCopying, Pulling): after its snapshot (Delta), it applies
+	// the source's changes from Cursor on (a change index position); the
+	// snapshot was read at the source's SourceIndex. CaughtUp: the last
+	// round reached the source's end; Lag: log entries it was behind.
+	Delta       bool   `json:"delta,omitempty"`
+	Cursor      []byte `json:"cursor,omitempty"`
+	SourceIndex uint64 `json:"sourceIndex,omitempty"`
+	CaughtUp    bool   `json:"caughtUp,omitempty"`
+	Lag         uint64 `json:"lag,omitempty"`
+	TotalBytes  uint64 `json:"totalBytes,omitempty"`
+
+	// The source of a planned move (Serving, Peer the target; BePulling
+	// keeps it): writes are recorded in the change index since TrackFrom.
+	TrackFrom uint64 `json:"trackFrom,omitempty"`
+	// A cancelled move's change index entries below this index are being
+	// deleted (Serving).
+	TrimBelow uint64 `json:"trimBelow,omitempty"`
+	// BePulling: the log time at which the shard froze (the write barrier).
+	FrozeAtNs int64 `json:"frozeAtNs,omitempty"`
+	// Serving, Acking: the write pause of the move that brought the shard
+	// here, from the source's barrier to this group serving it.
+	PauseUs uint64 `json:"pauseUs,omitempty"`
 }
+
+// copying reports whether the shard is being copied in (pre-copy or pull).
+func (m ShardMeta) copying() bool { return m.State == PreCopying || m.State == Pulling }
+
+// tracking reports whether writes to the shard go to the change index.
+func (m ShardMeta) tracking() bool { return m.TrackFrom != 0 && (m.State == Serving || m.State == BePulling) }
 
 func (m ShardMeta) String() string {
 	if m.State == NotOwned {

@@ -1,9 +1,11 @@
 package shardkv
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -109,9 +111,9 @@ func (g *Group) run() {
 				}
 			})
 		}
-		// Step to the next config when nothing is moving.
-		if !stepPending && g.sm.Stable() {
-			if next := g.nextKnown(); next != nil {
+		// Step to the next config when nothing it changes is moving.
+		if !stepPending {
+			if next := g.nextKnown(); next != nil && g.sm.CanStep(next) {
 				stepPending = true
 				g.wg.Add(1)
 				go func() {
@@ -152,13 +154,20 @@ func (g *Group) run() {
 				continue
 			}
 			switch m.State {
-			case Pulling:
-				if pulls[m.Peer] >= g.cfg.PullConcurrency {
+			case Pulling, PreCopying:
+				// The last round of a pre-copied shard, whose writes wait
+				// behind the barrier, never waits for a slot.
+				final := m.State == Pulling && m.Delta
+				if !final && pulls[m.Peer] >= g.cfg.PullConcurrency {
 					continue
 				}
 				pulls[m.Peer]++
 				pullPeer[name] = m.Peer
 				g.spawn(lead.ctx, tasks, taskDone, name, func(ctx context.Context) { g.pull(ctx, s, m) })
+			case Serving:
+				if m.TrimBelow != 0 {
+					g.spawn(lead.ctx, tasks, taskDone, name, func(ctx context.Context) { g.trim(ctx, s, m) })
+				}
 			case Acking:
 				g.spawn(lead.ctx, tasks, taskDone, name, func(ctx context.Context) { g.confirm(ctx, s, m) })
 			case GCing:
@@ -220,56 +229,112 @@ func (g *Group) shardTask(ctx context.Context, s int, m ShardMeta, step func(cur
 	}
 }
 
-// pull fetches shard s from its previous owner and installs it through the
-// log, chunk by chunk, resuming where the log says it stopped. Each received
-// chunk becomes as many install entries as the entry limit requires.
+// errIdleRound: a round of changes found nothing new; the copy waits a
+// little before the next.
+var errIdleRound = errors.New("no changes since the last round")
+
+// idleRoundWait is the pause between rounds of changes that found nothing:
+// it bounds how far a caught-up copy falls behind (what the cut-over's last
+// round must carry) at one cheap read of the source per interval.
+const idleRoundWait = 20 * time.Millisecond
+
+// pull copies shard s from its source group through the log: a snapshot in
+// chunks, resuming where the log says it stopped, then rounds of changes
+// since the snapshot. While PreCopying (the source still serves the shard),
+// the rounds go on until the controller cuts over; once Pulling (the source
+// froze it), the last round carries the dedup table and ends the copy.
 func (g *Group) pull(ctx context.Context, s int, m ShardMeta) {
 	g.shardTask(ctx, s, m, func(cur ShardMeta) (bool, error) {
-		return false, g.callGroup(ctx, m.Peer, func(cctx context.Context, cl shardkvpb.KVClient) error {
-			stream, err := cl.FetchShard(cctx, &shardkvpb.FetchShardRequest{Shard: uint32(s), ConfigNum: m.Config, Gid: g.sm.gid, AfterKey: cur.Resume, Resume: cur.Resumed})
-			if err != nil {
-				return err
-			}
-			for {
-				chunk, err := stream.Recv()
-				if err != nil {
-					return err
-				}
-				at := g.sm.Shard(s)
-				if at.State != Pulling || at.Config != m.Config {
-					return nil
-				}
-				pieces := installPieces(chunk.Kvs, at.Resume, g.r.MaxCommandBytes())
-				for i, kvs := range pieces {
-					if i > 0 {
-						if at = g.sm.Shard(s); at.State != Pulling || at.Config != m.Config {
-							return nil
-						}
-					}
-					last := chunk.Last && i == len(pieces)-1
-					if err := g.install(ctx, s, m, at, kvs, last, chunk); errors.Is(err, errChunkCut) {
-						return nil // installed up to the log's resume point: pull again from there
-					} else if err != nil {
-						return err
-					}
-				}
-				if chunk.Last {
-					g.log.Info("shard installed", "shard", s, "config", m.Config, "from", m.Peer)
-					return nil
-				}
-			}
+		err := g.callGroup(ctx, m.Peer, func(cctx context.Context, cl shardkvpb.KVClient) error {
+			return g.pullRound(ctx, cctx, cl, s, m, cur)
 		})
+		if errors.Is(err, errIdleRound) {
+			select {
+			case <-ctx.Done():
+			case <-time.After(idleRoundWait):
+			}
+			return false, nil
+		}
+		return false, err
 	})
 }
 
-// install proposes one install entry of shard s after at's resume point:
-// kvs, a piece of chunk.
-func (g *Group) install(ctx context.Context, s int, m, at ShardMeta, kvs []*shardkvpb.KeyValue, last bool, chunk *shardkvpb.ShardChunk) error {
+// pullRound streams one FetchShard call: the rest of the snapshot, or one
+// round of changes from the copy's cursor.
+func (g *Group) pullRound(ctx, cctx context.Context, cl shardkvpb.KVClient, s int, m, cur ShardMeta) error {
+	precopy := m.State == PreCopying
+	req := &shardkvpb.FetchShardRequest{Shard: uint32(s), ConfigNum: m.Config, Gid: g.sm.gid, Precopy: precopy}
+	if cur.Delta {
+		req.Delta, req.Cursor = true, cur.Cursor
+	} else {
+		req.AfterKey, req.Resume = cur.Resume, cur.Resumed
+	}
+	stream, err := cl.FetchShard(cctx, req)
+	if err != nil {
+		return err
+	}
+	for {
+		chunk, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		at := g.sm.Shard(s)
+		if at.State != m.State || at.Config != m.Config {
+			return nil
+		}
+		// The copy rate limit holds for everything but the last round,
+		// which the shard's writes wait for.
+		if precopy || !cur.Delta {
+			if err := g.throttle(ctx, chunk); err != nil {
+				return err
+			}
+		}
+		if req.Delta {
+			if len(chunk.Kvs) == 0 && !chunk.Last && bytes.Equal(chunk.NextCursor, at.Cursor) && chunk.CaughtUp == at.CaughtUp {
+				return errIdleRound // nothing to write down
+			}
+			if err := g.install(ctx, s, m, &shardkvpb.InsertChunk{Precopy: precopy, Delta: true, Cursor: at.Cursor, NextCursor: chunk.NextCursor,
+				Kvs: chunk.Kvs, Last: chunk.Last, CaughtUp: chunk.CaughtUp, SourceIndex: chunk.SourceIndex, FrozeAtNs: chunk.FrozeAtNs, LogTimeNs: chunk.LogTimeNs}); err != nil {
+				return err
+			}
+			if chunk.Last {
+				g.log.Info("shard installed", "shard", s, "config", m.Config, "from", m.Peer)
+			}
+			continue
+		}
+		pieces := installPieces(chunk.Kvs, at.Resume, g.r.MaxCommandBytes())
+		for i, kvs := range pieces {
+			if i > 0 {
+				if at = g.sm.Shard(s); at.State != m.State || at.Config != m.Config {
+					return nil
+				}
+			}
+			err := g.install(ctx, s, m, &shardkvpb.InsertChunk{Precopy: precopy, AfterKey: at.Resume, Resume: at.Resumed,
+				Kvs: kvs, Last: chunk.Last && i == len(pieces)-1, TotalKeys: chunk.TotalKeys, TotalBytes: chunk.TotalBytes,
+				SourceIndex: chunk.SourceIndex, LogTimeNs: chunk.LogTimeNs})
+			if errors.Is(err, errChunkCut) {
+				return nil // installed up to the log's resume point: pull again from there
+			} else if err != nil {
+				return err
+			}
+		}
+		if chunk.Last {
+			return nil // the snapshot is in: rounds of changes next
+		}
+	}
+}
+
+// install proposes one install entry of shard s (a piece of a snapshot
+// chunk, or a chunk of a round of changes); ins names the position it
+// continues from.
+func (g *Group) install(ctx context.Context, s int, m ShardMeta, ins *shardkvpb.InsertChunk) error {
+	ins.Shard, ins.ConfigNum = uint32(s), m.Config
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	v, err := g.propose(pctx, &shardkvpb.GroupCommand{Insert: &shardkvpb.InsertChunk{
-		Shard: uint32(s), ConfigNum: m.Config, AfterKey: at.Resume, Resume: at.Resumed,
-		Kvs: kvs, Last: last, TotalKeys: chunk.TotalKeys, LogTimeNs: chunk.LogTimeNs}})
+	v, err := g.propose(pctx, &shardkvpb.GroupCommand{Insert: ins})
 	if raftgroup.IsTooLarge(err) {
 		// Only a record above the entry limit (written under a larger
 		// limit than this replica's) gets here: say so, the pull retries.
@@ -280,7 +345,10 @@ func (g *Group) install(ctx context.Context, s int, m, at ShardMeta, kvs []*shar
 		return err
 	}
 	if e, ok := v.(error); ok {
-		return e // stale: restart from the log's resume point
+		if errors.Is(e, errStaleChunk) {
+			return nil // another round got there first: read the log's position again
+		}
+		return e
 	}
 	return nil
 }
@@ -299,6 +367,19 @@ func (g *Group) confirm(ctx context.Context, s int, m ShardMeta) {
 		defer cancel()
 		_, err = g.propose(pctx, &shardkvpb.GroupCommand{Acked: &shardkvpb.ShardRef{Shard: uint32(s), ConfigNum: m.Config}})
 		return err == nil, err
+	})
+}
+
+// trim deletes a cancelled move's change index entries through the log.
+func (g *Group) trim(ctx context.Context, s int, m ShardMeta) {
+	g.shardTask(ctx, s, m, func(cur ShardMeta) (bool, error) {
+		if cur.TrimBelow == 0 {
+			return true, nil
+		}
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := g.propose(pctx, &shardkvpb.GroupCommand{TrimChanges: &shardkvpb.ShardRef{Shard: uint32(s), ConfigNum: m.Config}})
+		return false, err
 	})
 }
 

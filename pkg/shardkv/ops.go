@@ -227,10 +227,16 @@ func ulps(a, b float64) uint64 {
 }
 
 // putRecord stores next in place of old and keeps the tombstone and expiry
-// indexes in step.
+// indexes in step, and the change index while a move of the shard out is
+// planned.
 func (a *applyCtx) putRecord(s int, key []byte, old, next *record) error {
 	if err := a.set(dataKey(s, key), next.encode()); err != nil {
 		return err
+	}
+	if a.meta(s).tracking() {
+		if err := a.set(changeKey(s, a.index, key), nil); err != nil {
+			return err
+		}
 	}
 	var err error
 	if next.Tombstone {

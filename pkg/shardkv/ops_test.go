@@ -221,6 +221,7 @@ func TestChunkRaisesLogClock(t *testing.T) {
 	if got := h.sm.LogTime(); !got.Equal(ahead) {
 		t.Fatalf("log clock %v after a chunk from %v", got, ahead)
 	}
+	h.finishCopy(3, 2)
 	h.apply(&shardkvpb.GroupCommand{ExpireKeys: true}) // an entry with the older time
 	if got := h.sm.LogTime(); !got.Equal(ahead) {
 		t.Fatalf("log clock went back to %v", got)

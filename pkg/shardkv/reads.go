@@ -58,17 +58,25 @@ func (sm *StateMachine) Changed() <-chan struct{} {
 	return sm.changed
 }
 
-// Stable reports whether no shard is in motion (the group may step to the
-// next config).
+// Stable reports whether no shard is in motion (tests and tools; stepping
+// asks CanStep).
 func (sm *StateMachine) Stable() bool {
 	sm.mu.RLock()
 	defer sm.mu.RUnlock()
 	for _, m := range sm.shards {
-		if m.State != Serving {
+		if m.State != Serving || m.TrimBelow != 0 {
 			return false
 		}
 	}
 	return true
+}
+
+// CanStep reports whether the group may step to next now: no shard that
+// next changes for it is in motion (stepBlockers).
+func (sm *StateMachine) CanStep(next *shardkvpb.Config) bool {
+	sm.mu.RLock()
+	defer sm.mu.RUnlock()
+	return len(stepBlockers(sm.gid, sm.config, next, func(s int) ShardMeta { return sm.shards[s] })) == 0
 }
 
 // serves reports whether the group serves shard s now.

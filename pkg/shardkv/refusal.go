@@ -1,7 +1,9 @@
 package shardkv
 
 import (
+	"context"
 	"fmt"
+	"time"
 
 	"github.com/shardkv/shardkv/pkg/routing"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -95,4 +97,45 @@ func server(conf *shardkvpb.Config, gid, id uint64) *shardkvpb.Server {
 		}
 	}
 	return nil
+}
+
+// requestHold bounds how long a request waits behind a write barrier: far
+// above a barrier's expected milliseconds, far below a client's timeout.
+const requestHold = 500 * time.Millisecond
+
+// routeWait is route, except that a request for a shard behind a move's
+// write barrier here (this group is finishing its copy: the last round of
+// changes, or the step to the cut-over config) waits up to requestHold for
+// the shard to be served, rather than being refused at once into the
+// client's backoff: clients see a short stall, not seconds of retries.
+func (g *Group) routeWait(ctx context.Context, key []byte) Code {
+	s, code := g.sm.route(key)
+	if code == OK {
+		return OK
+	}
+	var deadline <-chan time.Time
+	for {
+		changed := g.sm.Changed()
+		m := g.sm.Shard(s)
+		arriving := (m.State == Pulling && m.Delta) ||
+			(m.State == PreCopying && m.CaughtUp && owner(g.newestConfig(), s) == g.sm.gid)
+		if !arriving {
+			return code
+		}
+		if deadline == nil {
+			t := time.NewTimer(requestHold)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return code
+		case <-deadline:
+			return code
+		}
+		if s, code = g.sm.route(key); code == OK {
+			return OK
+		}
+	}
 }

@@ -19,7 +19,8 @@ func (g *Group) report(ctx context.Context) {
 	// added to the engine's status (raftgroup.Config.AnnotateStatus); the
 	// group only passes it on, for status readers, and never interprets it.
 	rep := &shardkvpb.GroupReport{Gid: g.sm.gid, LeaderId: st.Id, LeaderAddr: st.Addr, LeaderRespAddr: st.RespAddr,
-		Term: st.Term, ConfigNum: g.sm.Config().Num, Shards: g.shardStates(), Members: st.Members, AppliedIndex: st.Applied}
+		Term: st.Term, ConfigNum: g.sm.Config().Num, Shards: g.shardStates(), Members: st.Members, AppliedIndex: st.Applied,
+		MigrateBytesPerSec: uint64(g.cfg.MigrateBytesPerSec)}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if _, err := g.cfg.Ctrler.Report(rctx, rep); err != nil && !errors.Is(err, context.Canceled) {
@@ -38,7 +39,15 @@ func (g *Group) shardStates() []*shardkvpb.ShardState {
 	var out []*shardkvpb.ShardState
 	for _, s := range ids {
 		m := shards[s]
-		out = append(out, &shardkvpb.ShardState{Shard: uint32(s), State: string(m.State), ConfigNum: m.Config, Keys: m.Keys, Bytes: m.Bytes, PeerGid: m.Peer, TotalKeys: m.Total})
+		st := &shardkvpb.ShardState{Shard: uint32(s), State: string(m.State), ConfigNum: m.Config, Keys: m.Keys, Bytes: m.Bytes, PeerGid: m.Peer,
+			TotalKeys: m.Total, TotalBytes: m.TotalBytes, CaughtUp: m.CaughtUp, LagEntries: m.Lag, WritePauseUs: m.PauseUs}
+		if m.copying() {
+			st.Phase = "snapshot"
+			if m.Delta {
+				st.Phase = "delta"
+			}
+		}
+		out = append(out, st)
 	}
 	return out
 }

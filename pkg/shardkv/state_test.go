@@ -35,6 +35,24 @@ func newSMHarness(t *testing.T) *smHarness {
 	return h
 }
 
+// finishCopy applies the last round of changes of shard s's copy for
+// config num, empty (the frozen source had no changes since the snapshot),
+// which ends it: the shard is served (Acking).
+func (h *smHarness) finishCopy(s int, num uint64) {
+	h.t.Helper()
+	m := h.sm.Shard(s)
+	if res := h.apply(&shardkvpb.GroupCommand{Insert: &shardkvpb.InsertChunk{Shard: uint32(s), ConfigNum: num, Delta: true,
+		Cursor: m.Cursor, NextCursor: m.Cursor, CaughtUp: true, Last: true}}); res != nil {
+		h.t.Fatalf("last round of shard %d: %v (shard %v)", s, res, m)
+	}
+	if m := h.sm.Shard(s); m.State != Acking {
+		h.t.Fatalf("shard %d after its last round: %v, want Acking", s, m)
+	}
+}
+
+// copyingSnapshot: the shard's copy is still in its snapshot phase.
+func copyingSnapshot(m ShardMeta) bool { return m.State == Pulling && !m.Delta }
+
 func (h *smHarness) apply(cmd *shardkvpb.GroupCommand) any {
 	h.t.Helper()
 	b, err := proto.Marshal(cmd)

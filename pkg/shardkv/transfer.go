@@ -5,9 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -59,29 +59,41 @@ func installPieces(kvs []*shardkvpb.KeyValue, after []byte, maxCommand int) [][]
 // large shard never stalls the group's other writes.
 const DeleteChunkKeys = 1000
 
-// StreamShard sends shard s's records (values, tombstones and sessions),
-// after the given raw key if resume is set, in chunks of at most ChunkLimit
-// encoded bytes (or one larger record). The shard must be frozen (BePulling) so the view is final.
+// StreamShard sends shard s's value records (values and tombstones; not
+// the sessions, which come with the last round of changes), after the given
+// raw key if resume is set, in chunks of at most ChunkLimit encoded bytes
+// (or one larger record), all read from one view of the state: every chunk
+// names that view's applied index (source_index), from which the copy's
+// rounds of changes start (StreamChanges).
 func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(*shardkvpb.ShardChunk) error) error {
-	prefix := shardPrefix(s)
+	prefix := append(shardPrefix(s), tagData)
 	txn := sm.store.DB().NewTransaction(false)
 	defer txn.Discard()
-	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
-	defer it.Close()
-	// Count first (keys only, cheap) so the receiver can show progress.
-	var total uint64
-	kit := txn.NewIterator(badger.IteratorOptions{Prefix: append(slices.Clone(prefix), tagData)})
+	// Count first (keys and sizes only, cheap) so the receiver can show
+	// progress.
+	var total, totalBytes uint64
+	kit := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
 	for kit.Rewind(); kit.Valid(); kit.Next() {
 		total++
+		totalBytes += uint64(len(kit.Item().Key())) + uint64(kit.Item().ValueSize())
 	}
 	kit.Close()
-	// The log clock travels with the shard (docs/time.md): the view is
-	// final, and so is the time the source judged it at.
+	// The log clock travels with the shard (docs/time.md): the source
+	// judged the records at it.
 	now, err := logTime(txn)
 	if err != nil {
 		return err
 	}
-	chunk := &shardkvpb.ShardChunk{TotalKeys: total, LogTimeNs: now}
+	index, err := raftgroup.LoadApplied(txn, keyApplied)
+	if err != nil {
+		return err
+	}
+	newChunk := func() *shardkvpb.ShardChunk {
+		return &shardkvpb.ShardChunk{TotalKeys: total, TotalBytes: totalBytes, LogTimeNs: now, SourceIndex: index}
+	}
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
+	defer it.Close()
+	chunk := newChunk()
 	size := 0
 	it.Rewind()
 	if resume {
@@ -102,7 +114,7 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 			if err := send(chunk); err != nil {
 				return err
 			}
-			chunk, size = &shardkvpb.ShardChunk{TotalKeys: total, LogTimeNs: now}, 0
+			chunk, size = newChunk(), 0
 		}
 		chunk.Kvs = append(chunk.Kvs, kv)
 		size += n
@@ -126,7 +138,17 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 	s := int(c.Shard)
 	m := a.meta(s)
-	if m.State != Pulling || m.Config != c.ConfigNum || m.Resumed != c.Resume || !bytes.Equal(m.Resume, c.AfterKey) {
+	want := Pulling
+	if c.Precopy {
+		want = PreCopying
+	}
+	if m.State != want || m.Config != c.ConfigNum {
+		return errStaleChunk, nil
+	}
+	if c.Delta {
+		return a.applyDelta(s, m, c)
+	}
+	if m.Delta || m.Resumed != c.Resume || !bytes.Equal(m.Resume, c.AfterKey) {
 		return errStaleChunk, nil
 	}
 	prefix := shardPrefix(s)
@@ -170,26 +192,39 @@ func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 				return nil, fmt.Errorf("index %d-byte key: %w", len(kv.Key), err)
 			}
 		}
-		if kv.Key[len(prefix)] == tagData {
-			m.Keys++
-			a.sm.MigratedKeys.Add(1)
-		}
-		m.Bytes += uint64(len(kv.Key) + len(kv.Record))
-		a.sm.MigratedBytes.Add(uint64(len(kv.Key) + len(kv.Record)))
+		a.countMoved(&m, kv)
+	}
+	// The rounds of changes start after the oldest view a piece was read
+	// from: a resumed snapshot may come from another replica of the source,
+	// behind the first.
+	if c.SourceIndex != 0 && (m.SourceIndex == 0 || c.SourceIndex < m.SourceIndex) {
+		m.SourceIndex = c.SourceIndex
 	}
 	if n > 0 {
 		m.Resume, m.Resumed = c.Kvs[n-1].Key, true
 	}
 	if c.TotalKeys > 0 {
-		m.Total = c.TotalKeys
+		m.Total, m.TotalBytes = c.TotalKeys, c.TotalBytes
 	}
 	if n < len(c.Kvs) {
 		return errChunkCut, a.setMeta(s, m)
 	}
 	if c.Last {
-		m = ShardMeta{State: Acking, Config: m.Config, Peer: m.Peer, Keys: m.Keys, Bytes: m.Bytes, Total: c.TotalKeys}
+		// The snapshot is in: from now on, rounds of changes since it.
+		m.Delta, m.Cursor, m.Resume, m.Resumed = true, changePos(s, m.SourceIndex+1), nil, false
 	}
 	return nil, a.setMeta(s, m)
+}
+
+// countMoved adds a received record to the shard's progress and the
+// process's counters.
+func (a *applyCtx) countMoved(m *ShardMeta, kv *shardkvpb.KeyValue) {
+	if kv.Key[3] == tagData {
+		m.Keys++
+		a.sm.MigratedKeys.Add(1)
+	}
+	m.Bytes += uint64(len(kv.Key) + len(kv.Record))
+	a.sm.MigratedBytes.Add(uint64(len(kv.Key) + len(kv.Record)))
 }
 
 var (
@@ -253,7 +288,7 @@ func (a *applyCtx) acked(r *shardkvpb.ShardRef) (any, error) {
 	if m.State != Acking || m.Config != r.ConfigNum {
 		return nil, nil
 	}
-	return nil, a.setMeta(s, ShardMeta{State: Serving, Config: m.Config})
+	return nil, a.setMeta(s, ShardMeta{State: Serving, Config: m.Config, PauseUs: m.PauseUs})
 }
 
 // startGC: the new owner has the shard; delete the old copy.

@@ -195,7 +195,7 @@ func TestInsertChunkLongKeys(t *testing.T) {
 	const total = 31
 
 	entries, cuts := 0, 0
-	for h.sm.Shard(3).State == Pulling {
+	for copyingSnapshot(h.sm.Shard(3)) {
 		if entries++; entries > len(kvs) {
 			t.Fatalf("%d install entries and shard 3 still Pulling: %v", entries, h.sm.Shard(3))
 		}
@@ -232,6 +232,7 @@ func TestInsertChunkLongKeys(t *testing.T) {
 	if cuts == 0 {
 		t.Fatal("one install entry took every record: nothing bounds it")
 	}
+	h.finishCopy(3, 2)
 	installed := h.sm.Shard(3)
 	if installed.State != Acking || installed.Keys != total || installed.Total != total {
 		t.Fatalf("after the install: %+v, want Acking with %d keys", installed, total)
@@ -383,8 +384,8 @@ func TestBulkEntriesSameStateBatched(t *testing.T) {
 	for i := range 20 {
 		kvs = append(kvs, &shardkvpb.KeyValue{Key: dataKey(3, longKey("c", i)), Record: record{Index: 3, ExpireAtMs: l.now.UnixMilli() + int64(i%2)*3600_000, Value: []byte("v")}.encode()})
 	}
-	for a.Shard(s).State == GCing || a.Shard(3).State == Pulling {
-		if m := a.Shard(3); m.State == Pulling {
+	for a.Shard(s).State == GCing || copyingSnapshot(a.Shard(3)) {
+		if m := a.Shard(3); copyingSnapshot(m) {
 			rest := kvs
 			for m.Resumed && len(rest) > 0 && bytes.Compare(rest[0].Key, m.Resume) <= 0 {
 				rest = rest[1:]
@@ -397,6 +398,12 @@ func TestBulkEntriesSameStateBatched(t *testing.T) {
 		if len(l.ents) > 500 {
 			t.Fatal("GC and install do not finish")
 		}
+	}
+	// The last round of changes (none) ends the copy.
+	cur := a.Shard(3).Cursor
+	l.add(&shardkvpb.GroupCommand{Insert: &shardkvpb.InsertChunk{Shard: 3, ConfigNum: 2, Delta: true, Cursor: cur, NextCursor: cur, CaughtUp: true, Last: true}})
+	if m := a.Shard(3); m.State != Acking {
+		t.Fatalf("shard 3 after its last round: %v", m)
 	}
 	l.now = l.now.Add(time.Hour)
 	for a.expiryDue(l.now.UnixMilli()) {
@@ -518,6 +525,18 @@ func TestPulledChunksFitOneEntry(t *testing.T) {
 				return fmt.Errorf("install entry of %d records: %v", len(kvs), r)
 			}
 			entries++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The last round from the frozen source: no changes, the sessions.
+	err = src.sm.StreamChanges(int(s), dst.sm.Shard(int(s)).Cursor, true, 0, func(chunk *shardkvpb.ShardChunk) error {
+		ins := &shardkvpb.InsertChunk{Shard: s, ConfigNum: 2, Delta: true, Cursor: dst.sm.Shard(int(s)).Cursor, NextCursor: chunk.NextCursor,
+			Kvs: chunk.Kvs, Last: chunk.Last, CaughtUp: chunk.CaughtUp}
+		if r := dst.apply(&shardkvpb.GroupCommand{Insert: ins}); r != nil {
+			return fmt.Errorf("last round: %v", r)
 		}
 		return nil
 	})

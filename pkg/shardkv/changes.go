@@ -1,0 +1,245 @@
+package shardkv
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+)
+
+// The change index and rounds of changes (live migration, docs/shardkv.md).
+//
+// While a move of shard s out is planned, every write to one of its keys
+// also writes d<s>w<index:7><key> (putRecord): the change index, in log
+// order. The target copies a snapshot read at the source's applied index I
+// and then asks, in rounds, for the changes from a position in that index
+// on; each round costs what changed, not the shard's size. A round sends
+// each changed key's current record, or an empty record if the key is
+// gone (a purged tombstone), so it is correct whatever happened to the key
+// in between: after applying a round up to position p, every key is as at
+// the source, or has a change index entry after p. Once the source froze
+// the shard (BePulling, the write barrier), the last round also carries the
+// dedup table and ends the copy.
+
+// deltaChunkKeys bounds the records of one round's chunk, so that its
+// install entry (each record with the delete of its old index entry and
+// its new one) always fits one transaction.
+const deltaChunkKeys = 4000
+
+// StreamChanges sends shard s's changes from cursor on (a change index
+// position), each key once per chunk with its current record, in chunks of
+// at most ChunkLimit encoded bytes or deltaChunkKeys records. frozen: the
+// shard no longer changes here, so after the last change the sessions
+// follow and the last chunk says Last.
+func (sm *StateMachine) StreamChanges(s int, cursor []byte, frozen bool, frozeAt int64, send func(*shardkvpb.ShardChunk) error) error {
+	changes := append(shardPrefix(s), tagChange)
+	if !bytes.HasPrefix(cursor, changes) || len(cursor) < changePrefixLen {
+		return invalid("cursor %x is not a position in shard %d's change index", cursor, s)
+	}
+	txn := sm.store.DB().NewTransaction(false)
+	defer txn.Discard()
+	now, err := logTime(txn)
+	if err != nil {
+		return err
+	}
+	index, err := raftgroup.LoadApplied(txn, keyApplied)
+	if err != nil {
+		return err
+	}
+	newChunk := func(from []byte) *shardkvpb.ShardChunk {
+		return &shardkvpb.ShardChunk{LogTimeNs: now, SourceIndex: index, NextCursor: from, FrozeAtNs: frozeAt}
+	}
+	chunk, size := newChunk(cursor), 0
+	seen := map[string]bool{}
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: changes})
+	for it.Seek(cursor); it.Valid(); it.Next() {
+		ck := it.Item().Key()
+		if len(ck) < changePrefixLen {
+			continue
+		}
+		key := ck[changePrefixLen:]
+		if !seen[string(key)] {
+			dk := dataKey(s, key)
+			v, err := raftgroup.GetValue(txn, dk)
+			if err != nil {
+				it.Close()
+				return err
+			}
+			kv := &shardkvpb.KeyValue{Key: dk, Record: v}
+			n := kvBytes(kv)
+			if len(chunk.Kvs) > 0 && (size+n > ChunkLimit || len(chunk.Kvs) >= deltaChunkKeys) {
+				if err := send(chunk); err != nil {
+					it.Close()
+					return err
+				}
+				chunk, size = newChunk(chunk.NextCursor), 0
+				clear(seen)
+			}
+			seen[string(key)] = true
+			chunk.Kvs = append(chunk.Kvs, kv)
+			size += n
+		}
+		chunk.NextCursor = append(bytes.Clone(ck), 0) // the next position
+	}
+	it.Close()
+	chunk.CaughtUp = true
+	if !frozen {
+		return send(chunk)
+	}
+	// Frozen: the dedup table, then Last. These chunks keep the cursor: a
+	// repeated one rewrites the same sessions.
+	sessions := append(shardPrefix(s), tagSession)
+	sit := txn.NewIterator(badger.IteratorOptions{Prefix: sessions, PrefetchValues: true})
+	defer sit.Close()
+	for sit.Rewind(); sit.Valid(); sit.Next() {
+		v, err := sit.Item().ValueCopy(nil)
+		if err != nil {
+			return err
+		}
+		kv := &shardkvpb.KeyValue{Key: sit.Item().KeyCopy(nil), Record: v}
+		n := kvBytes(kv)
+		if len(chunk.Kvs) > 0 && (size+n > ChunkLimit || len(chunk.Kvs) >= deltaChunkKeys) {
+			if err := send(chunk); err != nil {
+				return err
+			}
+			chunk, size = newChunk(chunk.NextCursor), 0
+			chunk.CaughtUp = true
+		}
+		chunk.Kvs = append(chunk.Kvs, kv)
+		size += n
+	}
+	chunk.Last = true
+	return send(chunk)
+}
+
+var errDeltaTooLarge = errors.New("a round's chunk does not fit one transaction")
+
+// applyDelta applies one chunk of a round of changes at the copy's cursor:
+// each record replaces the key's (with its index entries), an empty one
+// removes it. The chunk applies whole or not at all. The last chunk from a
+// frozen source ends the copy: the shard is served (Acking), and the write
+// pause, from the source's barrier to this entry, is kept.
+func (a *applyCtx) applyDelta(s int, m ShardMeta, c *shardkvpb.InsertChunk) (any, error) {
+	if !m.Delta || !bytes.Equal(m.Cursor, c.Cursor) {
+		return errStaleChunk, nil
+	}
+	size := budget{records: 1, bytes: recordCost(len(shardMetaKey(s)), metaMaxBytes)}
+	for _, kv := range c.Kvs {
+		if len(kv.Record) == 0 {
+			if p := shardPrefix(s); !bytes.HasPrefix(kv.Key, p) || len(kv.Key) <= len(p) || len(kv.Key) > badgerMaxKey {
+				return fmt.Errorf("chunk key outside shard %d", s), nil
+			}
+		} else if err := checkMoved(s, kv); err != nil {
+			return err, nil
+		}
+		size.add(len(kv.Key), len(kv.Record))
+		size.add(len(kv.Key)+indexKeyExtra, 0) // the old index entry's delete
+		size.add(len(kv.Key)+indexKeyExtra, 0) // the new one
+	}
+	if !size.fits() {
+		return errDeltaTooLarge, nil
+	}
+	if err := a.room(size); err != nil {
+		return nil, err
+	}
+	pause := a.nowNS - c.FrozeAtNs // this entry's time against the source's barrier
+	a.nowNS = max(a.nowNS, c.LogTimeNs)
+	for _, kv := range c.Kvs {
+		if err := a.replaceRecord(s, kv.Key, kv.Record); err != nil {
+			return nil, err
+		}
+		if len(kv.Record) > 0 {
+			a.countMoved(&m, kv)
+		}
+	}
+	m.Cursor, m.CaughtUp, m.Lag = c.NextCursor, c.CaughtUp, 0
+	if !c.CaughtUp && len(c.NextCursor) >= changePrefixLen {
+		if at := changeIndex(c.NextCursor); c.SourceIndex > at {
+			m.Lag = c.SourceIndex - at
+		}
+	}
+	if c.Last {
+		m = ShardMeta{State: Acking, Config: m.Config, Peer: m.Peer, Keys: m.Keys, Bytes: m.Bytes, Total: m.Total, TotalBytes: m.TotalBytes}
+		if c.FrozeAtNs > 0 && pause > 0 {
+			m.PauseUs = uint64(pause / 1000)
+		}
+	}
+	return nil, a.setMeta(s, m)
+}
+
+// replaceRecord puts a received record (raw key, encoded value) in place
+// of the one here, keeping its index entry in step; an empty value removes
+// the key. A value record is stamped with this entry's index.
+func (a *applyCtx) replaceRecord(s int, raw, val []byte) error {
+	old, err := a.value(raw)
+	if err != nil {
+		return err
+	}
+	if old != nil {
+		if ik := indexKey(s, raw, old); ik != nil {
+			if err := a.del(ik); err != nil {
+				return err
+			}
+		}
+	}
+	if len(val) == 0 {
+		if old == nil {
+			return nil
+		}
+		return a.del(raw)
+	}
+	if raw[3] == tagData {
+		if _, err := decodeRecord(val); err == nil {
+			val = stampIndex(val, a.index)
+		}
+	}
+	if err := a.set(raw, val); err != nil {
+		return fmt.Errorf("install %d-byte key: %w", len(raw), err)
+	}
+	if ik := indexKey(s, raw, val); ik != nil {
+		return a.set(ik, nil)
+	}
+	return nil
+}
+
+// trimChanges deletes up to DeleteChunkKeys change index entries of shard s
+// below its TrimBelow (a cancelled move's), or maintBytes of deletes; the
+// last batch clears TrimBelow. Entries written since (a new plan) stay.
+func (a *applyCtx) trimChanges(r *shardkvpb.ShardRef) (any, error) {
+	s := int(r.Shard)
+	m := a.meta(s)
+	if m.TrimBelow == 0 || m.Config != r.ConfigNum {
+		return nil, nil
+	}
+	if err := a.room(budget{maintMaxRecords, maintMaxBytes}); err != nil {
+		return nil, err
+	}
+	end := changePos(s, m.TrimBelow)
+	var dels [][]byte
+	cost := 0
+	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: append(shardPrefix(s), tagChange)})
+	it.Rewind()
+	for ; it.Valid() && len(dels) < DeleteChunkKeys && bytes.Compare(it.Item().Key(), end) < 0; it.Next() {
+		c := recordCost(len(it.Item().Key()), 0)
+		if len(dels) > 0 && cost+c > maintBytes {
+			break
+		}
+		cost += c
+		dels = append(dels, it.Item().KeyCopy(nil))
+	}
+	more := it.Valid() && bytes.Compare(it.Item().Key(), end) < 0
+	it.Close()
+	for _, k := range dels {
+		if err := a.del(k); err != nil {
+			return nil, err
+		}
+	}
+	if !more {
+		m.TrimBelow = 0
+		return nil, a.setMeta(s, m)
+	}
+	return nil, nil
+}
