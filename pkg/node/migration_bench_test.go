@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -67,8 +68,10 @@ type benchParams struct {
 	opTimeout   time.Duration // per op of the load clients
 	fillBatch   int           // keys per MultiPut of the fill
 	fillWorkers int
+	maxInFlight int           // per open-loop writer; ticks past it are skipped (and counted)
 	poll        time.Duration // GroupInfo polling period during the move
 	out         string        // markdown file for the table ("" = log only)
+	opsDir      string        // if set, every op of every run as CSV, one file per run
 }
 
 func benchEnv(t *testing.T, name, def string) string {
@@ -112,8 +115,10 @@ func loadBenchParams(t *testing.T) benchParams {
 		opTimeout:   benchDur(t, "OP_TIMEOUT", 120*time.Second),
 		fillBatch:   benchInt(t, "FILL_BATCH", 2000),
 		fillWorkers: benchInt(t, "FILL_WORKERS", 4),
+		maxInFlight: benchInt(t, "MAX_IN_FLIGHT", 200),
 		poll:        benchDur(t, "POLL", 10*time.Millisecond),
 		out:         benchEnv(t, "OUT", ""),
+		opsDir:      benchEnv(t, "OPS_DIR", ""),
 	}
 	for _, s := range strings.Split(benchEnv(t, "KEYS", "100000,1000000"), ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -498,26 +503,25 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 		wrongReads       atomic.Int64
 		wrongMu          sync.Mutex
 		wrongEx          []string
-		capped           atomic.Int64
+		capped           = map[*opLog]*atomic.Int64{&goW: {}, &redisW: {}}
 		loadStart        = time.Now()
 	)
 	opCtx := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.Background(), p.opTimeout)
 	}
-	const maxInFlight = 20000
-	var inFlight atomic.Int64
 	openLoop := func(log *opLog, do func(ctx context.Context, key, seq int) error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var inFlight atomic.Int64
 			var opsWG sync.WaitGroup
 			defer opsWG.Wait()
 			tick := time.NewTicker(time.Second / time.Duration(p.writeRate))
 			defer tick.Stop()
 			for seq := 1; !stop.Load(); seq++ {
 				<-tick.C
-				if inFlight.Load() >= maxInFlight {
-					capped.Add(1)
+				if inFlight.Load() >= int64(p.maxInFlight) {
+					capped[log].Add(1)
 					continue
 				}
 				inFlight.Add(1)
@@ -652,7 +656,7 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 				moving, gidB, gidA, p.moveTimeout, statesA, statesB)
 		}
 		now := time.Now()
-		if ra, err := pa.info(mctx); err == nil && ra.Config.GetNum() >= newConf.Num-1 {
+		if ra, err := pa.info(mctx); err == nil {
 			sa := shardStateOf(ra, moving)
 			name := "absent"
 			if sa != nil {
@@ -662,7 +666,7 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 			if frozenAt.IsZero() && name != "Serving" {
 				frozenAt = now
 			}
-			if droppedAt.IsZero() && sa == nil && ra.Config.GetNum() >= newConf.Num {
+			if droppedAt.IsZero() && sa == nil && ownerIn(ra.Config, moving) != gidA {
 				droppedAt = now
 			}
 		}
@@ -677,7 +681,7 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 				lastB = sb
 			}
 			note(&statesB, name)
-			if servingAt.IsZero() && sb != nil && (sb.State == "Serving" || sb.State == "Acking") && rb.Config.GetNum() >= newConf.Num {
+			if servingAt.IsZero() && sb != nil && (sb.State == "Serving" || sb.State == "Acking") && ownerIn(rb.Config, moving) == gidB {
 				servingAt = now
 			}
 		}
@@ -753,8 +757,16 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 			}
 		}
 	}
-	if n := capped.Load(); n > 0 {
-		counts["skipped:in-flight-cap"] = int(n)
+	if n := capped[&goW].Load(); n > 0 {
+		counts["go-w:skipped"] = int(n)
+	}
+	if n := capped[&redisW].Load(); n > 0 {
+		counts["redis-w:skipped"] = int(n)
+	}
+	if p.opsDir != "" {
+		if err := writeOpsCSV(p.opsDir, nkeys, mode, moveStart, streams); err != nil {
+			t.Errorf("writing the ops CSV: %v", err)
+		}
 	}
 	r.errs = formatCounts(counts)
 
@@ -803,10 +815,12 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 	}
 
 	r.details = fmt.Sprintf("keys=%d mode=%s: Move RPC %v (config %d); source A not Serving at +%v, target B serving at +%v, source dropped at +%v; states A %v, B %v; B's last shard state: %v; "+
-		"ops: %v; unaffected base n=%d p50 %s ms, during n=%d p50 %s ms; Go barrier window [%s, %s] after the Move; fill %v",
+		"ops: %v; unaffected base n=%d p50 %s ms, during n=%d p50 %s ms; Go barrier window [%s, %s] ms after the Move; fill start to end %v",
 		nkeys, mode, moveReturned.Sub(moveStart).Round(time.Millisecond), newConf.Num, sinceOr(frozenAt, moveStart), servingAt.Sub(moveStart).Round(time.Millisecond),
 		droppedAt.Sub(moveStart).Round(time.Millisecond), statesA, statesB, lastB, total, len(base), ms(pct(base, 50)), len(during), ms(pct(during, 50)),
 		ms(gapStart.Sub(moveStart)), ms(gapEnd.Sub(moveStart)), time.Since(fillStart).Round(time.Millisecond))
+	rgap, _, _, ropen := longestGap(streams[2].ops, moveStart, servingAt, loadEnd)
+	r.details += fmt.Sprintf("; Go reader's longest gap between successes %s ms (open %v)", ms(rgap), ropen)
 	if wrongReads.Load() > 0 {
 		t.Errorf("%d reads of fill keys returned a wrong value during the load: %v", wrongReads.Load(), wrongEx)
 	}
@@ -929,4 +943,95 @@ func checkWriter(ops []opRec, keys []string, got map[string]string) (int, []stri
 		}
 	}
 	return lost, ex
+}
+
+func ownerIn(conf *shardkvpb.Config, shard int) uint64 {
+	if conf == nil || shard >= len(conf.Shards) {
+		return 0
+	}
+	return conf.Shards[shard]
+}
+
+// writeOpsCSV writes every op of a run: stream, start and end in ms from
+// the Move RPC, ok, error kind, key and seq (writers).
+func writeOpsCSV(dir string, nkeys int, mode string, moveStart time.Time, streams []struct {
+	name string
+	ops  []opRec
+}) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var sb strings.Builder
+	sb.WriteString("stream,start_ms,end_ms,latency_ms,ok,err,key,seq\n")
+	for _, s := range streams {
+		for _, o := range s.ops {
+			fmt.Fprintf(&sb, "%s,%.3f,%.3f,%.3f,%v,%q,%d,%d\n", s.name,
+				float64(o.start.Sub(moveStart))/1e6, float64(o.end.Sub(moveStart))/1e6, float64(o.lat())/1e6, o.ok, o.errKind, o.key, o.seq)
+		}
+	}
+	return os.WriteFile(filepath.Join(dir, fmt.Sprintf("ops-%d-%s.csv", nkeys, mode)), []byte(sb.String()), 0o644)
+}
+
+// TestMigrationBenchChecks tests the benchmark's own arithmetic and its
+// lost-write check (always run; no cluster).
+func TestMigrationBenchChecks(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	op := func(key, seq, start, end int, ok bool) opRec {
+		return opRec{start: at(start), end: at(end), ok: ok, key: key, seq: seq}
+	}
+	keys := []string{"k0", "k1"}
+	ops := []opRec{
+		op(0, 1, 0, 10, true),
+		op(0, 2, 20, 30, true),     // acknowledged after 1: must not read 1
+		op(1, 3, 0, 100, true),     // overlaps 4: either may win
+		op(1, 4, 50, 60, true),     //
+		op(0, 5, 40, 5000, false),  // failed: may or may not have applied
+		op(1, 6, 200, 9000, false), //
+	}
+	for _, c := range []struct {
+		got  map[string]string
+		lost int
+	}{
+		{map[string]string{"k0": seqValue(2, 10), "k1": seqValue(4, 10)}, 0},
+		{map[string]string{"k0": seqValue(5, 10), "k1": seqValue(3, 10)}, 0},
+		{map[string]string{"k0": seqValue(2, 10), "k1": seqValue(6, 10)}, 0},
+		{map[string]string{"k0": seqValue(1, 10), "k1": seqValue(4, 10)}, 1}, // 2 lost
+		{map[string]string{"k1": seqValue(4, 10)}, 1},                        // k0 missing
+		{map[string]string{"k0": seqValue(2, 10), "k1": seqValue(9, 10)}, 1}, // never written
+	} {
+		if lost, ex := checkWriter(ops, keys, c.got); lost != c.lost {
+			t.Errorf("checkWriter(%v) = %d lost (%v), want %d", c.got, lost, ex, c.lost)
+		}
+	}
+
+	// Successes end at 10, 20, 500, 510; the move is [15, 400].
+	gops := []opRec{op(0, 1, 0, 10, true), op(0, 2, 5, 20, true), op(0, 3, 15, 450, false), op(0, 4, 30, 500, true), op(0, 5, 400, 510, true)}
+	d, a, b, open := longestGap(gops, at(15), at(400), at(1000))
+	if d != 480*time.Millisecond || !a.Equal(at(20)) || !b.Equal(at(500)) || open {
+		t.Errorf("longestGap = %v [%v, %v] open %v; want 480ms [20, 500] closed", d, a.Sub(t0), b.Sub(t0), open)
+	}
+	// No success after the last one before the load ended: open.
+	d, _, _, open = longestGap(gops[:2], at(15), at(400), at(1000))
+	if d != 980*time.Millisecond || !open {
+		t.Errorf("longestGap = %v open %v; want 980ms open", d, open)
+	}
+
+	var ds []time.Duration
+	for i := 1; i <= 100; i++ {
+		ds = append(ds, time.Duration(i)*time.Millisecond)
+	}
+	if pct(ds, 50) != 50*time.Millisecond || pct(ds, 99) != 99*time.Millisecond || pct(ds[:1], 99) != time.Millisecond || pct(nil, 50) != 0 {
+		t.Errorf("pct: %v %v %v", pct(ds, 50), pct(ds, 99), pct(ds[:1], 99))
+	}
+	if tags := slotTags(3, 256); len(tags) != 64 {
+		t.Errorf("slotTags: %d tags", len(tags))
+	} else {
+		for _, tag := range tags {
+			k := shardKeys{tags}.key("f", 17)
+			if routing.ShardOf([]byte(k), 256) != 3 || routing.ShardOf([]byte("{"+tag+"}x"), 256) != 3 {
+				t.Errorf("key %s (tag %s) is not in shard 3", k, tag)
+			}
+		}
+	}
 }
