@@ -810,6 +810,7 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 		}
 	}
 	r.lost += badFill
+	otherMoves := ""
 	if final, err := cc.Query(context.Background(), -1); err != nil {
 		t.Errorf("querying the latest config: %v", err)
 	} else {
@@ -825,7 +826,7 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 		if len(moved) > 0 {
 			// Not what the benchmark measures: say so loudly in the row's details.
 			t.Logf("warning: other shards moved too (config %d): %v", final.Num, moved)
-			r.details += fmt.Sprintf("; WARNING: other shards moved too: %v", moved)
+			otherMoves = fmt.Sprintf("; WARNING: other shards moved too: %v", moved)
 		}
 	}
 
@@ -835,7 +836,7 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 		droppedAt.Sub(moveStart).Round(time.Millisecond), statesA, statesB, lastB, total, len(base), ms(pct(base, 50)), len(during), ms(pct(during, 50)),
 		ms(gapStart.Sub(moveStart)), ms(gapEnd.Sub(moveStart)), time.Since(fillStart).Round(time.Millisecond))
 	rgap, _, _, ropen := longestGap(streams[2].ops, moveStart, servingAt, loadEnd)
-	r.details += fmt.Sprintf("; Go reader's longest gap between successes %s ms (open %v)", ms(rgap), ropen)
+	r.details += fmt.Sprintf("; Go reader's longest gap between successes %s ms (open %v)", ms(rgap), ropen) + otherMoves
 	if wrongReads.Load() > 0 {
 		t.Errorf("%d reads of fill keys returned a wrong value during the load: %v", wrongReads.Load(), wrongEx)
 	}
