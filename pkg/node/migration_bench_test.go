@@ -655,8 +655,10 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 			t.Fatalf("shard %d not served by group %d and dropped by group %d within %v; states seen: A %v, B %v",
 				moving, gidB, gidA, p.moveTimeout, statesA, statesB)
 		}
-		now := time.Now()
+		// Each state counts from when the reply arrived: B serving and A
+		// frozen are never dated early.
 		if ra, err := pa.info(mctx); err == nil {
+			now := time.Now()
 			sa := shardStateOf(ra, moving)
 			name := "absent"
 			if sa != nil {
@@ -671,6 +673,7 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 			}
 		}
 		if rb, err := pb.info(mctx); err == nil {
+			now := time.Now()
 			sb := shardStateOf(rb, moving)
 			name := "absent"
 			if sb != nil {
