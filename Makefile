@@ -11,7 +11,7 @@ KUBECTL ?= kubectl
 MANAGER_ARGS ?=
 
 .PHONY: all run build test fuzz bench lint vet staticcheck tidy-check generate generate-proto generate-deepcopy manifests generate-check \
-	install uninstall deploy undeploy run-manager clean test-e2e images cluster-up cluster-down
+	install uninstall deploy undeploy run-manager clean test-e2e images cluster-up cluster-down bench-migration
 
 all: build
 
@@ -78,6 +78,19 @@ cluster-down:
 ## bench: engine and data-group benchmarks (tables in docs/benchmarks.md).
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 3s -count 3 -timeout 60m ./pkg/raftgroup/ ./pkg/shardkv/
+
+## bench-migration: one shard moved between two groups under load,
+## stop-and-copy against pre-copy, for each key count (pkg/node
+## TestMigrationBench; docs/benchmarks.md defines the columns). The
+## SHARDKV_MIGRATION_BENCH_* environment sets the parameters, e.g.
+## `SHARDKV_MIGRATION_BENCH_KEYS=20000 make bench-migration` for a quick
+## run; the markdown table goes to SHARDKV_MIGRATION_BENCH_OUT (default
+## bin/migration-bench.md).
+SHARDKV_MIGRATION_BENCH_OUT ?= $(BIN)/migration-bench.md
+bench-migration:
+	@mkdir -p $(dir $(abspath $(SHARDKV_MIGRATION_BENCH_OUT)))
+	SHARDKV_MIGRATION_BENCH=1 SHARDKV_MIGRATION_BENCH_OUT=$(abspath $(SHARDKV_MIGRATION_BENCH_OUT)) \
+		$(GO) test -count=1 -timeout 240m -run '^TestMigrationBench$$' -v ./pkg/node/
 
 ## lint: go vet + staticcheck (pinned).
 lint: vet staticcheck
