@@ -48,6 +48,7 @@ type Options struct {
 	RESPTimeout         time.Duration
 	RESPWriteTimeout    time.Duration
 	MaxValueBytes       int
+	MigrateBytesPerSec  int64
 	// Raft log compaction (0: raftgroup's defaults).
 	SnapshotEntries, TrailingEntries uint64
 	HTTP                             string
@@ -109,6 +110,7 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 	fs.Int64Var(&o.RESPOutputBudget, "resp-output-budget-bytes", 0, "output all Redis connections may hold at once: values read for replies and replies not yet written (0: 1 GiB); a read needing more gets an error, nothing else changes")
 	fs.DurationVar(&o.RESPTimeout, "resp-timeout", 0, "close a Redis client idle this long, Redis's timeout (0: never)")
 	fs.DurationVar(&o.RESPWriteTimeout, "resp-write-timeout", 2*time.Second, "how long a Redis write waits for its Raft entry to apply before answering 'outcome unknown' (keep it below clients' read timeouts: go-redis's default is 3s)")
+	fs.Int64Var(&o.MigrateBytesPerSec, "migrate-bytes-per-sec", 0, "copy rate limit of the shards this group pulls, bytes per second over all of them (0: none); a move's last round, which writes wait for, is not limited")
 	fs.IntVar(&o.MaxValueBytes, "max-value-bytes", shardkv.DefaultMaxValueBytes, fmt.Sprintf("largest value a write may carry (one value travels in one Raft entry, whose limit follows from it; at most %d)", shardkv.MaxValueBytesLimit))
 	fs.Uint64Var(&o.SnapshotEntries, "snapshot-entries", 0, "compact the Raft log every so many applied entries (0: 10000); small values make snapshots and compactions frequent, for tests")
 	fs.Uint64Var(&o.TrailingEntries, "trailing-entries", 0, "entries kept in the Raft log after a compaction, for followers slightly behind (0: 5000)")
@@ -284,6 +286,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("--resp-timeout=%v: want >= 0", o.RESPTimeout)
 	case o.RESPWriteTimeout < 100*time.Millisecond:
 		return fmt.Errorf("--resp-write-timeout=%v: want >= 100ms", o.RESPWriteTimeout)
+	case o.MigrateBytesPerSec < 0:
+		return fmt.Errorf("--migrate-bytes-per-sec=%d: want 0 (no limit) or more", o.MigrateBytesPerSec)
 	case o.MaxValueBytes < 1 || o.MaxValueBytes > shardkv.MaxValueBytesLimit:
 		return fmt.Errorf("--max-value-bytes=%d: want 1 to %d", o.MaxValueBytes, shardkv.MaxValueBytesLimit)
 	}
