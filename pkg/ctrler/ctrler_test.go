@@ -692,14 +692,21 @@ func TestLeaderCutsOverCaughtUpMoves(t *testing.T) {
 	if latest, _ := c.Query(cx, -1); latest.Num != second.Num {
 		t.Fatalf("a config after the last cut-over: %v", latest)
 	}
-	// A report older than 2 s does not count: the next leader's reports
-	// start empty, and a stale one is not a caught-up copy.
+	// A report older than 2 s does not count: the target may have lost
+	// its copy since (a restart, a new leader that has not caught up).
+	early := &shardkvpb.ShardState{Shard: 0, State: ctrler.PreCopyState, ConfigNum: 1 << 40, PeerGid: 1, CaughtUp: true}
+	send(early)
+	time.Sleep(2200 * time.Millisecond)
 	moved, err := c.Move(cx, 0, 2)
-	if err != nil || len(moved.Moves) != 1 {
+	if err != nil || len(moved.Moves) != 1 || moved.Moves[0].FromGid != 1 {
 		t.Fatalf("move: %v %v", moved, err)
 	}
-	send(state(moved.Moves[0]))
-	if got := waitConfig(t, cx, c, moved.Num+1); got.Shards[0] != 2 {
+	time.Sleep(400 * time.Millisecond)
+	if latest, _ := c.Query(cx, -1); latest.Num != moved.Num {
+		t.Fatalf("cut over on a stale report: %v", latest)
+	}
+	send(early)
+	if got := waitConfig(t, cx, c, moved.Num+1); got.Shards[0] != 2 || len(got.Moves) != 0 {
 		t.Fatalf("move cut over: %v", got)
 	}
 }
