@@ -333,9 +333,9 @@ func TestApplyCutOver(t *testing.T) {
 	}
 	ents := logOf(t, t0, 1,
 		initCmd(4, "balanced"),
-		joinCmd(1, 1, grp(1, 1)), // config 1: every shard on 1
-		joinCmd(1, 2, grp(2, 1)), // config 2: shards 2, 3 planned to 2
-		co(plan(2, 1, 2, 1)),     // wrong since_config: nothing
+		joinCmd(1, 1, grp(1, 1)),               // config 1: every shard on 1
+		joinCmd(1, 2, grp(2, 1)),               // config 2: shards 2, 3 planned to 2
+		co(plan(2, 1, 2, 1)),                   // wrong since_config: nothing
 		co(plan(2, 1, 2, 2), plan(3, 1, 3, 2)), // one of two
 		co(plan(2, 1, 2, 2)),                   // again: nothing
 		co(plan(3, 1, 2, 2)),                   // the last
