@@ -80,6 +80,9 @@ func (sm *StateMachine) applyOne(b *batch, cmd *shardkvpb.ControllerCommand, now
 	if compact := cmd.GetCompact(); compact != nil {
 		return Result{}, false, sm.applyCompact(b, compact.GetBelow(), now)
 	}
+	if cut := cmd.GetCutOver(); cut != nil {
+		return sm.applyCutOver(b, cut)
+	}
 	// Exactly once: a retried request gets the first outcome back.
 	var client, seq uint64
 	if req := request(cmd); req != nil {
@@ -133,6 +136,25 @@ func (sm *StateMachine) applyOne(b *batch, cmd *shardkvpb.ControllerCommand, now
 		b.set(dedupKey(client), enc)
 	}
 	return res, made, nil
+}
+
+// applyCutOver hands over the planned moves the leader found caught up
+// (the leader's own entry: no client session). A move no longer planned
+// exactly so (cancelled, retargeted, or already cut over) is skipped; if
+// none is left, no config is made and the result is the latest.
+func (sm *StateMachine) applyCutOver(b *batch, cut *shardkvpb.ControllerCutOver) (Result, bool, error) {
+	latest, err := getConfig(b.txn, sm.latestNum())
+	if err != nil {
+		return Result{}, false, err
+	}
+	next := cutOverConfig(latest, cut)
+	if next == nil {
+		return Result{Config: latest}, false, nil
+	}
+	if err := sm.storeConfig(b, next); err != nil {
+		return Result{}, false, err
+	}
+	return Result{Config: next}, true, nil
 }
 
 func (sm *StateMachine) applyInit(b *batch, cmd *shardkvpb.ControllerInit) (Result, bool, error) {

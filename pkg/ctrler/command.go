@@ -22,7 +22,7 @@ type clientRequest interface {
 }
 
 // request returns cmd's client mutation, or nil for the leader's own
-// commands (init, compact) and for a command without an operation.
+// commands (init, compact, cut-over) and for a command without an operation.
 func request(cmd *shardkvpb.ControllerCommand) clientRequest {
 	switch op := cmd.GetOp().(type) {
 	case *shardkvpb.ControllerCommand_Join:

@@ -121,6 +121,84 @@ func checkBalanced(t *testing.T, c *shardkvpb.Config) {
 	}
 }
 
+// reportCaughtUp sends, for each target gid of moves, the report a target
+// group sends once its pre-copy of each of them has caught up.
+func reportCaughtUp(t *testing.T, cx context.Context, c *ctrlerclient.Client, configNum uint64, moves []*shardkvpb.PlannedMove) {
+	t.Helper()
+	reports := map[uint64]*shardkvpb.GroupReport{}
+	var gids []uint64
+	for _, m := range moves {
+		r := reports[m.ToGid]
+		if r == nil {
+			r = &shardkvpb.GroupReport{Gid: m.ToGid, LeaderId: 1, LeaderAddr: fmt.Sprintf("g%d-1:7000", m.ToGid), ConfigNum: configNum}
+			reports[m.ToGid] = r
+			gids = append(gids, m.ToGid)
+		}
+		r.Shards = append(r.Shards, &shardkvpb.ShardState{Shard: m.Shard, State: ctrler.PreCopyState, ConfigNum: m.SinceConfig,
+			PeerGid: m.FromGid, Phase: "delta", CaughtUp: true})
+	}
+	slices.Sort(gids)
+	for _, gid := range gids {
+		if _, err := c.Report(cx, reports[gid]); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// cutOverAll plays the target of every planned move: it reports each as
+// caught up until the controller leader has cut them all over, and
+// returns the latest config, which plans nothing. Its reports say their
+// group applied no config (0), so they never let history be compacted.
+func cutOverAll(t *testing.T, cx context.Context, c *ctrlerclient.Client) *shardkvpb.Config {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		latest, err := c.Query(cx, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(latest.Moves) == 0 {
+			return latest
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("planned moves never cut over: %v", latest.Moves)
+		}
+		reportCaughtUp(t, cx, c, 0, latest.Moves)
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// checkPlansOnly checks that next hands no shard over (owners as in prev)
+// and plans moves only as ok allows.
+func checkPlansOnly(t *testing.T, prev, next *shardkvpb.Config, ok func(m *shardkvpb.PlannedMove) bool) {
+	t.Helper()
+	if !slices.Equal(prev.Shards, next.Shards) {
+		t.Fatalf("config %d handed shards over at once: %v -> %v", next.Num, prev.Shards, next.Shards)
+	}
+	for _, m := range next.Moves {
+		if !ok(m) {
+			t.Fatalf("config %d plans %v", next.Num, m)
+		}
+	}
+}
+
+// appendNew appends the configs made since the last in history.
+func appendNew(t *testing.T, cx context.Context, c *ctrlerclient.Client, history []*shardkvpb.Config) []*shardkvpb.Config {
+	t.Helper()
+	latest, err := c.Query(cx, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := history[len(history)-1].Num + 1; n <= latest.Num; n++ {
+		conf, err := c.Query(cx, int64(n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		history = append(history, conf)
+	}
+	return history
+}
+
 func TestHistorySurvivesRestart(t *testing.T) {
 	cc := newCtrlCluster(t, 3, 16, "balanced", nil)
 	c := cc.client(t)
@@ -137,7 +215,8 @@ func TestHistorySurvivesRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		history = append(history, conf)
-		checkBalanced(t, conf)
+		checkBalanced(t, cutOverAll(t, cx, c))
+		history = appendNew(t, cx, c, history)
 	}
 	conf, err := c.Leave(cx, 2, 4)
 	if err != nil {
@@ -149,6 +228,11 @@ func TestHistorySurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	history = append(history, conf)
+	checkBalanced(t, cutOverAll(t, cx, c))
+	history = appendNew(t, cx, c, history)
+	if conf := history[len(history)-1]; len(conf.Groups) != 3 || conf.Shards[3] != 5 {
+		t.Fatalf("after the leave and the move were cut over: %v", conf)
+	}
 	for i, h := range history {
 		if h.Num != uint64(i) {
 			t.Fatalf("history[%d] has num %d", i, h.Num)
@@ -244,6 +328,10 @@ func TestMinimalMovementThroughController(t *testing.T) {
 			t.Fatal(err)
 		}
 		live = append(live, gid)
+		if gid > 1 {
+			checkPlansOnly(t, prev, conf, func(m *shardkvpb.PlannedMove) bool { return m.ToGid == gid })
+		}
+		conf = cutOverAll(t, cx, c)
 		checkBalanced(t, conf)
 		for s := range conf.Shards {
 			if conf.Shards[s] != prev.Shards[s] && conf.Shards[s] != gid {
@@ -258,6 +346,14 @@ func TestMinimalMovementThroughController(t *testing.T) {
 		conf, err := c.Leave(cx, gid)
 		if err != nil {
 			t.Fatal(err)
+		}
+		checkPlansOnly(t, prev, conf, func(m *shardkvpb.PlannedMove) bool { return m.FromGid == gid })
+		if i := slices.IndexFunc(conf.Groups, func(g *shardkvpb.Group) bool { return g.Gid == gid }); i < 0 || !conf.Groups[i].Leaving {
+			t.Fatalf("leave %d: the group is not kept as leaving: %v", gid, conf.Groups)
+		}
+		conf = cutOverAll(t, cx, c)
+		if slices.ContainsFunc(conf.Groups, func(g *shardkvpb.Group) bool { return g.Gid == gid }) {
+			t.Fatalf("leave %d: the group outlived its last shard's cut-over: %v", gid, conf.Groups)
 		}
 		checkBalanced(t, conf)
 		for s := range conf.Shards {
@@ -300,6 +396,10 @@ func TestConcurrentClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if conf.Num != 30 {
+		t.Fatalf("30 mutations made %d configs", conf.Num)
+	}
+	conf = cutOverAll(t, cx, cc.client(t))
 	var gids []uint64
 	for _, g := range conf.Groups {
 		gids = append(gids, g.Gid)
@@ -308,9 +408,6 @@ func TestConcurrentClients(t *testing.T) {
 		t.Fatalf("final groups %v", gids)
 	}
 	checkBalanced(t, conf)
-	if conf.Num != 30 {
-		t.Fatalf("30 mutations made %d configs", conf.Num)
-	}
 }
 
 // replicasAgree waits until every running replica holds the same latest
@@ -387,6 +484,8 @@ func TestLeaderFailover(t *testing.T) {
 			if agreed.Num != last.Num+2 {
 				t.Fatalf("agreed config %d, want %d", agreed.Num, last.Num+2)
 			}
+			cutOverAll(t, cx, c)
+			agreed = replicasAgree(t, cc)
 			if strategy == "balanced" {
 				checkBalanced(t, agreed)
 			}
@@ -473,13 +572,16 @@ func TestPinsAndUnpin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if conf.Shards[0] != 2 {
-		t.Fatalf("move: shard 0 on %d", conf.Shards[0])
+	if conf.Shards[0] != 1 || len(conf.Moves) != 1 || !proto.Equal(conf.Moves[0], &shardkvpb.PlannedMove{Shard: 0, FromGid: 1, ToGid: 2, SinceConfig: conf.Num}) {
+		t.Fatalf("move: not planned: %v", conf)
 	}
-	conf, err = c.Join(cx, group(3))
-	if err != nil {
+	if conf = cutOverAll(t, cx, c); conf.Shards[0] != 2 {
+		t.Fatalf("move cut over: shard 0 on %d", conf.Shards[0])
+	}
+	if _, err = c.Join(cx, group(3)); err != nil {
 		t.Fatal(err)
 	}
+	conf = cutOverAll(t, cx, c)
 	if conf.Shards[0] != 2 {
 		t.Fatalf("pin not honoured by a later join: shard 0 on %d", conf.Shards[0])
 	}
@@ -493,13 +595,18 @@ func TestPinsAndUnpin(t *testing.T) {
 	if m[1] < 5 || m[1] > 5 || m[2] != 5 || m[3] != 5 {
 		t.Fatalf("unpinned shards not balanced: %v", m)
 	}
-	// The pin ends when its group leaves.
+	// The pin ends when its group leaves; the group stays, leaving, until
+	// its last shard is cut over.
 	conf, err = c.Leave(cx, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(conf.Pins) != 0 || conf.Shards[0] == 2 {
-		t.Fatalf("pin outlived its group: %v", conf)
+	if len(conf.Pins) != 0 || len(conf.Groups) != 3 || !conf.Groups[1].Leaving || conf.Shards[0] != 2 {
+		t.Fatalf("leave: %v", conf)
+	}
+	conf = cutOverAll(t, cx, c)
+	if len(conf.Pins) != 0 || conf.Shards[0] == 2 || len(conf.Groups) != 2 {
+		t.Fatalf("pin or group outlived the leave: %v", conf)
 	}
 	if _, err := c.Move(cx, 5, 3); err != nil {
 		t.Fatal(err)
@@ -508,7 +615,133 @@ func TestPinsAndUnpin(t *testing.T) {
 	if err != nil || len(conf.Pins) != 0 {
 		t.Fatalf("unpin: %v %v", conf, err)
 	}
-	checkBalanced(t, conf)
+	checkBalanced(t, cutOverAll(t, cx, c))
+}
+
+// The leader cuts over a planned move once its target's fresh report says
+// the pre-copy caught up for that very plan, and no sooner.
+func TestLeaderCutsOverCaughtUpMoves(t *testing.T) {
+	cc := newCtrlCluster(t, 3, 8, "balanced", nil)
+	c := cc.client(t)
+	cx := ctx(t, 30*time.Second)
+	if _, err := c.Join(cx, group(1)); err != nil {
+		t.Fatal(err)
+	}
+	planned, err := c.Join(cx, group(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(planned.Moves) != 4 || ctrlerOwned(planned, 1) != 8 {
+		t.Fatalf("join: %v", planned)
+	}
+	moves := planned.Moves
+	state := func(m *shardkvpb.PlannedMove) *shardkvpb.ShardState {
+		return &shardkvpb.ShardState{Shard: m.Shard, State: ctrler.PreCopyState, ConfigNum: m.SinceConfig, PeerGid: m.FromGid, Phase: "delta", CaughtUp: true}
+	}
+	send := func(states ...*shardkvpb.ShardState) {
+		t.Helper()
+		if _, err := c.Report(cx, &shardkvpb.GroupReport{Gid: 2, LeaderId: 1, LeaderAddr: "g2-1:7000", ConfigNum: planned.Num, Shards: states}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Reports that do not say "caught up for this plan" cut nothing over.
+	notYet := []*shardkvpb.ShardState{}
+	for i, m := range moves {
+		st := state(m)
+		switch i {
+		case 0:
+			st.CaughtUp, st.Phase, st.LagEntries = false, "snapshot", 40
+		case 1:
+			st.PeerGid = 3
+		case 2:
+			st.ConfigNum = m.SinceConfig - 1
+		case 3:
+			st.State = "Pulling"
+		}
+		notYet = append(notYet, st)
+	}
+	for range 6 {
+		send(notYet...)
+		time.Sleep(100 * time.Millisecond)
+	}
+	// A report of the source saying its shard caught up is not the target's.
+	if _, err := c.Report(cx, &shardkvpb.GroupReport{Gid: 1, LeaderId: 1, ConfigNum: planned.Num, Shards: []*shardkvpb.ShardState{state(moves[0])}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if latest, _ := c.Query(cx, -1); latest.Num != planned.Num {
+		t.Fatalf("cut over without a caught-up report: %v", latest)
+	}
+	// Two caught up: one cut-over config hands over those two.
+	send(state(moves[0]), state(moves[1]), notYet[2])
+	first := waitConfig(t, cx, c, planned.Num+1)
+	want := slices.Clone(planned.Shards)
+	want[moves[0].Shard], want[moves[1].Shard] = 2, 2
+	if !slices.Equal(first.Shards, want) || len(first.Moves) != 2 || !proto.Equal(first.Moves[0], moves[2]) || !proto.Equal(first.Moves[1], moves[3]) {
+		t.Fatalf("first cut-over: %v, want shards %v", first, want)
+	}
+	// The rest.
+	send(state(moves[0]), state(moves[1]), state(moves[2]), state(moves[3]))
+	second := waitConfig(t, cx, c, planned.Num+2)
+	if ctrlerOwned(second, 2) != 4 || len(second.Moves) != 0 {
+		t.Fatalf("second cut-over: %v", second)
+	}
+	// A stale report (plans gone) makes nothing more.
+	send(state(moves[0]))
+	time.Sleep(300 * time.Millisecond)
+	if latest, _ := c.Query(cx, -1); latest.Num != second.Num {
+		t.Fatalf("a config after the last cut-over: %v", latest)
+	}
+	// A report older than 2 s does not count: the target may have lost
+	// its copy since (a restart, a new leader that has not caught up).
+	early := &shardkvpb.ShardState{Shard: 0, State: ctrler.PreCopyState, ConfigNum: 1 << 40, PeerGid: 1, CaughtUp: true}
+	send(early)
+	time.Sleep(2200 * time.Millisecond)
+	moved, err := c.Move(cx, 0, 2)
+	if err != nil || len(moved.Moves) != 1 || moved.Moves[0].FromGid != 1 {
+		t.Fatalf("move: %v %v", moved, err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if latest, _ := c.Query(cx, -1); latest.Num != moved.Num {
+		t.Fatalf("cut over on a stale report: %v", latest)
+	}
+	send(early)
+	if got := waitConfig(t, cx, c, moved.Num+1); got.Shards[0] != 2 || len(got.Moves) != 0 {
+		t.Fatalf("move cut over: %v", got)
+	}
+}
+
+func ctrlerOwned(c *shardkvpb.Config, gid uint64) int {
+	n := 0
+	for _, g := range c.Shards {
+		if g == gid {
+			n++
+		}
+	}
+	return n
+}
+
+// waitConfig waits for config num to exist and returns it.
+func waitConfig(t *testing.T, cx context.Context, c *ctrlerclient.Client, num uint64) *shardkvpb.Config {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		latest, err := c.Query(cx, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if latest.Num >= num {
+			conf, err := c.Query(cx, int64(num))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return conf
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no config %d (latest %v)", num, latest)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func TestWatchDeliversEveryConfig(t *testing.T) {

@@ -15,11 +15,13 @@ import (
 	"github.com/shardkv/shardkv/pkg/raftgroup/rgtest"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/proto"
 )
 
 // FuzzControllerStateMachine applies one random controller log (an init,
 // then client mutations of every kind with edge arguments, compactions,
-// repeated inits, JSON entries, garbage and empty entries) to two state
+// cut-overs of planned moves (matching, stale and made up), repeated
+// inits, JSON entries, garbage and empty entries) to two state
 // machines on real badger DBs with the engine's transaction limits, one
 // entry per Apply on the first and in random batches on the second. Apply
 // must never fail, both must give every entry the same result and end
@@ -31,8 +33,21 @@ func FuzzControllerStateMachine(f *testing.F) {
 	f.Add(append([]byte{0x01, 0x01}, bytes.Repeat([]byte{0x0b}, 40)...))       // consistent hash, big joins
 	f.Add(append([]byte{0x03, 0x00}, bytes.Repeat([]byte{0x0c, 0xff}, 20)...)) // many moves in one batch
 	f.Add([]byte{0x05, 0x02, 0x06, 0x07, 0x08, 0x04, 0x04, 0x04})
+	// Joins, a leave, cut-overs of what is planned, moves, cut-overs again.
+	f.Add([]byte{0x00, 0x00, 0x02, // init 4 shards, balanced
+		0x00, 0x00, 0x01, 0x01, 0x01, 0x01, 0x01, 0x00, 0x01, 0x02, // join 2
+		0x00, 0x00, 0x01, 0x02, 0x01, 0x01, 0x01, 0x00, 0x01, 0x02, // join 3
+		0x10, 0x01, 0x02, 0x01, 0x02, 0x02, // cut over both
+		0x00, 0x00, 0x01, 0x03, 0x01, 0x01, 0x01, 0x00, 0x01, 0x02, // join 4
+		0x03, 0x00, 0x01, 0x01, 0x02, // leave 2
+		0x05, 0x00, 0x01, 0x02, 0x01, 0x02, // move shard 1 to 3
+		0x05, 0x00, 0x00, 0x03, 0x00, 0x02, // move shard 0 to 4, stop and copy
+		0x10, 0x01, 0x02, 0x00, 0x02, 0x01, 0x00, 0x01, 0x02, 0x02, // cut over some, one stale
+		0x00, 0x00, 0x01, 0x01, 0x01, 0x01, 0x01, 0x00, 0x01, 0x02, // rejoin 2
+		0x10, 0x01, 0x02, 0x01, 0x02, 0x01, 0x02, 0x01, 0x02, 0x02, // cut over
+		0x11, 0x01, 0x02, 0x01, 0x02, 0x02, 0x05, 0x01, 0x02, 0x03, 0x07, 0x00, 0x02})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		g := &ctrlLogGen{in: data, now: time.Unix(1_800_000_000, 0)}
+		g := &ctrlLogGen{in: data, now: time.Unix(1_800_000_000, 0), shadow: openFuzzSM(t)}
 		ents := g.log()
 		a, b := openFuzzSM(t), openFuzzSM(t)
 		ra := applyCtrlLog(t, a, ents, nil)
@@ -117,8 +132,12 @@ func ctrlState(t *testing.T, sm *StateMachine) string {
 }
 
 // checkHistory checks every kept config: numbered in sequence, shards on
-// groups of that config (0 only when it has none), pins on its groups,
-// groups sorted by gid and unique.
+// groups of that config (0 only when it has none), groups sorted by gid
+// and unique, some group not leaving (if any), and every leaving group
+// owning a shard; planned moves sorted by shard and unique, each from its
+// shard's owner to another group of the config that is not leaving,
+// announced no later than the config; pins on groups that are not leaving,
+// each honoured by the owner or by a planned move.
 func checkHistory(t *testing.T, sm *StateMachine) {
 	t.Helper()
 	if !sm.Initialized() {
@@ -137,20 +156,38 @@ func checkHistory(t *testing.T, sm *StateMachine) {
 			t.Fatalf("config %d: num %d, %d shards (want %d)", n, c.Num, len(c.Shards), sm.Shards())
 		}
 		gids := map[uint64]bool{}
+		leavingGIDs := map[uint64]bool{}
 		for i, g := range c.Groups {
 			if g.Gid == 0 || gids[g.Gid] || (i > 0 && c.Groups[i-1].Gid >= g.Gid) {
 				t.Fatalf("config %d: groups not unique, sorted, non-zero: %v", n, c.Groups)
 			}
 			gids[g.Gid] = true
+			if g.Leaving {
+				leavingGIDs[g.Gid] = true
+				if !slices.Contains(c.Shards, g.Gid) {
+					t.Fatalf("config %d: leaving group %d owns nothing", n, g.Gid)
+				}
+			}
+		}
+		if len(c.Groups) > 0 && len(leavingGIDs) == len(c.Groups) {
+			t.Fatalf("config %d: every group is leaving: %v", n, c.Groups)
 		}
 		for s, gid := range c.Shards {
 			if (len(c.Groups) == 0) != (gid == 0) || (gid != 0 && !gids[gid]) {
 				t.Fatalf("config %d: shard %d on gid %d; groups %v", n, s, gid, slices.Collect(mapKeys(gids)))
 			}
 		}
+		planned := map[uint32]uint64{}
+		for i, m := range c.Moves {
+			if (i > 0 && c.Moves[i-1].Shard >= m.Shard) || int(m.Shard) >= len(c.Shards) || c.Shards[m.Shard] != m.FromGid ||
+				m.FromGid == m.ToGid || !gids[m.ToGid] || leavingGIDs[m.ToGid] || m.SinceConfig > c.Num || m.SinceConfig == 0 {
+				t.Fatalf("config %d: bad planned move %v; shards %v, groups %v", n, m, c.Shards, c.Groups)
+			}
+			planned[m.Shard] = m.ToGid
+		}
 		for _, p := range c.Pins {
-			if !gids[p.Gid] || int(p.Shard) >= len(c.Shards) || c.Shards[p.Shard] != p.Gid {
-				t.Fatalf("config %d: pin %v not honoured", n, p)
+			if !gids[p.Gid] || leavingGIDs[p.Gid] || int(p.Shard) >= len(c.Shards) || (c.Shards[p.Shard] != p.Gid && planned[p.Shard] != p.Gid) {
+				t.Fatalf("config %d: pin %v not honoured (planned %v)", n, p, c.Moves)
 			}
 		}
 	}
@@ -174,6 +211,59 @@ type ctrlLogGen struct {
 	index  uint64
 	seq    [4]uint64
 	shards int
+	// shadow applies the log as it is generated, so that cut-overs can
+	// name the moves actually planned; shadowed entries are applied.
+	shadow   *StateMachine
+	shadowed int
+}
+
+// planned applies the entries generated so far to the shadow and returns
+// its latest config's planned moves.
+func (g *ctrlLogGen) planned(ents []raftgroup.Entry) []*shardkvpb.PlannedMove {
+	if g.shadow == nil {
+		return nil
+	}
+	if g.shadowed < len(ents) {
+		if err := g.shadow.Apply(slices.Clone(ents[g.shadowed:])); err != nil {
+			g.shadow = nil // the comparison reports it
+			return nil
+		}
+		g.shadowed = len(ents)
+	}
+	c, err := g.shadow.Config(-1)
+	if err != nil {
+		return nil
+	}
+	return c.Moves
+}
+
+// cutOver is a cut-over of some of the moves planned now, sometimes one
+// of them changed (a stale report), sometimes with a made-up move.
+func (g *ctrlLogGen) cutOver(ents []raftgroup.Entry, madeUp bool) *shardkvpb.ControllerCommand {
+	cut := &shardkvpb.ControllerCutOver{}
+	for _, m := range g.planned(ents) {
+		if g.intn(4) == 0 {
+			continue
+		}
+		m = proto.Clone(m).(*shardkvpb.PlannedMove)
+		switch g.intn(16) {
+		case 0:
+			m.SinceConfig--
+		case 1:
+			m.ToGid = g.gid()
+		}
+		cut.Moves = append(cut.Moves, m)
+	}
+	if madeUp {
+		for range g.intn(4) {
+			cut.Moves = append(cut.Moves, &shardkvpb.PlannedMove{Shard: g.shard(), FromGid: g.gid(), ToGid: g.gid(), SinceConfig: uint64(g.intn(64))})
+		}
+		if g.intn(2) == 0 {
+			rand := g.intn(len(cut.Moves) + 1)
+			slices.Reverse(cut.Moves[:rand])
+		}
+	}
+	return &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_CutOver{CutOver: cut}}
 }
 
 func (g *ctrlLogGen) byte() byte {
@@ -305,7 +395,7 @@ func (g *ctrlLogGen) log() []raftgroup.Entry {
 	ents = append(ents, g.entry(first))
 	for n := 0; len(g.in) > 0 && n < 40 && len(ents) < maxFuzzEntries; n++ {
 		op := &shardkvpb.ControllerCommand{}
-		switch g.intn(16) {
+		switch g.intn(18) {
 		case 0, 1, 2:
 			c, s := g.client()
 			req := &shardkvpb.JoinRequest{ClientId: c, Seq: s}
@@ -322,7 +412,7 @@ func (g *ctrlLogGen) log() []raftgroup.Entry {
 			op.Op = &shardkvpb.ControllerCommand_Leave{Leave: req}
 		case 5, 6:
 			c, s := g.client()
-			op.Op = &shardkvpb.ControllerCommand_Move{Move: &shardkvpb.MoveRequest{ClientId: c, Seq: s, Shard: g.shard(), Gid: g.gid()}}
+			op.Op = &shardkvpb.ControllerCommand_Move{Move: &shardkvpb.MoveRequest{ClientId: c, Seq: s, Shard: g.shard(), Gid: g.gid(), StopAndCopy: g.intn(4) == 0}}
 		case 7:
 			c, s := g.client()
 			op.Op = &shardkvpb.ControllerCommand_Unpin{Unpin: &shardkvpb.UnpinRequest{ClientId: c, Seq: s, Shard: g.shard()}}
@@ -369,6 +459,10 @@ func (g *ctrlLogGen) log() []raftgroup.Entry {
 		case 14: // a command without an operation, or an unknown field
 			ents = append(ents, g.raw([]byte{0x08 | byte(g.intn(2))<<6, 0x01}))
 			continue
+		case 16: // the leader's cut-over of what its reports say caught up
+			op = g.cutOver(ents, false)
+		case 17: // a cut-over with stale or made-up moves
+			op = g.cutOver(ents, true)
 		default: // many clients: sessions to expire
 			for range 10 + g.intn(100) {
 				ents = append(ents, g.entry(&shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Unpin{Unpin: &shardkvpb.UnpinRequest{ClientId: uint64(1000 + g.index), Seq: 1, Shard: 0}}}))

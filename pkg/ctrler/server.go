@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/raftgroup"
@@ -39,6 +40,11 @@ type Server struct {
 
 	mu      sync.Mutex
 	reports map[uint64]report // soft state: only meaningful on the leader
+
+	// Cut-over proposals (background goroutine only, but cutting).
+	cutting   atomic.Bool // a cut-over proposal is in flight
+	lastCut   string      // the last set proposed, and when
+	lastCutAt time.Time
 
 	stopc chan struct{}
 	wg    sync.WaitGroup

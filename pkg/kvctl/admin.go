@@ -24,6 +24,16 @@ type configJSON struct {
 	Shards []uint64          `json:"shards"`
 	Groups []groupConfigJSON `json:"groups"`
 	Pins   []pinJSON         `json:"pins"`
+	// Moves are the planned moves not cut over yet, by shard; each
+	// shard is still its source's in Shards.
+	Moves []plannedMoveJSON `json:"moves"`
+}
+
+type plannedMoveJSON struct {
+	Shard       uint32 `json:"shard"`
+	FromGID     uint64 `json:"from_gid"`
+	ToGID       uint64 `json:"to_gid"`
+	SinceConfig uint64 `json:"since_config"`
 }
 
 type groupConfigJSON struct {
@@ -31,6 +41,8 @@ type groupConfigJSON struct {
 	Weight      uint32       `json:"weight"`
 	OwnedShards int          `json:"owned_shards"`
 	Servers     []serverJSON `json:"servers"`
+	// Leaving: the group left and is kept until its last shard is cut over.
+	Leaving bool `json:"leaving"`
 }
 
 type serverJSON struct {
@@ -56,12 +68,12 @@ func ownedShards(c *shardkvpb.Config, gid uint64) int {
 
 func toConfigJSON(c *shardkvpb.Config) configJSON {
 	out := configJSON{Num: c.GetNum(), Placement: c.GetPlacement(), NShards: len(c.GetShards()),
-		Shards: slices.Clone(c.GetShards()), Groups: []groupConfigJSON{}, Pins: []pinJSON{}}
+		Shards: slices.Clone(c.GetShards()), Groups: []groupConfigJSON{}, Pins: []pinJSON{}, Moves: []plannedMoveJSON{}}
 	if out.Shards == nil {
 		out.Shards = []uint64{}
 	}
 	for _, g := range c.GetGroups() {
-		gj := groupConfigJSON{GID: g.Gid, Weight: g.Weight, OwnedShards: ownedShards(c, g.Gid), Servers: []serverJSON{}}
+		gj := groupConfigJSON{GID: g.Gid, Weight: g.Weight, OwnedShards: ownedShards(c, g.Gid), Servers: []serverJSON{}, Leaving: g.Leaving}
 		for _, s := range g.Servers {
 			gj.Servers = append(gj.Servers, serverJSON{ID: s.Id, Addr: s.Addr, RespAddr: s.RespAddr})
 		}
@@ -70,7 +82,43 @@ func toConfigJSON(c *shardkvpb.Config) configJSON {
 	for _, p := range c.GetPins() {
 		out.Pins = append(out.Pins, pinJSON{Shard: p.Shard, GID: p.Gid})
 	}
+	for _, m := range c.GetMoves() {
+		out.Moves = append(out.Moves, plannedMoveJSON{Shard: m.Shard, FromGID: m.FromGid, ToGID: m.ToGid, SinceConfig: m.SinceConfig})
+	}
 	return out
+}
+
+// plannedMove returns c's planned move of shard, or nil.
+func plannedMove(c *shardkvpb.Config, shard uint32) *shardkvpb.PlannedMove {
+	for _, m := range c.GetMoves() {
+		if m.Shard == shard {
+			return m
+		}
+	}
+	return nil
+}
+
+// groupLabel is a gid, marked when the group is leaving.
+func groupLabel(g *shardkvpb.Group) string {
+	if g.Leaving {
+		return fmt.Sprintf("%d (leaving)", g.Gid)
+	}
+	return strconv.FormatUint(g.Gid, 10)
+}
+
+// printMoves prints c's planned moves, if any.
+func (k *kvctl) printMoves(c *shardkvpb.Config) error {
+	if len(c.GetMoves()) == 0 {
+		return nil
+	}
+	fmt.Fprintln(k.stdout)
+	fmt.Fprintf(k.stdout, "PLANNED MOVES (pre-copy, then cut-over; the source serves until then)\n")
+	tw := tabwriter.NewWriter(k.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SHARD\tFROM\tTO\tSINCE CONFIG")
+	for _, m := range c.Moves {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\n", m.Shard, m.FromGid, m.ToGid, m.SinceConfig)
+	}
+	return tw.Flush()
 }
 
 func serversText(g *shardkvpb.Group) (grpcList, respList string) {
@@ -112,15 +160,18 @@ func (k *kvctl) printConfig(c *shardkvpb.Config, full bool) error {
 	for _, g := range c.Groups {
 		gs, rs := serversText(g)
 		if hasResp {
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\n", g.Gid, g.Weight, ownedShards(c, g.Gid), gs, orDash(rs))
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", groupLabel(g), g.Weight, ownedShards(c, g.Gid), gs, orDash(rs))
 		} else {
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%s\n", g.Gid, g.Weight, ownedShards(c, g.Gid), gs)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", groupLabel(g), g.Weight, ownedShards(c, g.Gid), gs)
 		}
 	}
 	if len(c.Groups) == 0 {
 		fmt.Fprintln(tw, "(no groups)")
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if err := k.printMoves(c); err != nil {
 		return err
 	}
 	if !full {
@@ -320,29 +371,6 @@ func cmdLeave(k *kvctl, args []string) error {
 	defer cancel()
 	c, err := ctrl.Leave(ctx, gids...)
 	return k.mutated("group "+strings.Join(pos, ", ")+" left", c, err)
-}
-
-func cmdMove(k *kvctl, args []string) error {
-	pos, err := k.parse(newFlags("move"), args, 2, 2)
-	if err != nil {
-		return err
-	}
-	shard, err := parseShard(pos[0])
-	if err != nil {
-		return err
-	}
-	gid, err := parseUint("gid", pos[1])
-	if err != nil {
-		return err
-	}
-	ctrl, err := k.ctrler()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := k.ctx()
-	defer cancel()
-	c, err := ctrl.Move(ctx, int(shard), gid)
-	return k.mutated(fmt.Sprintf("shard %d pinned to group %d", shard, gid), c, err)
 }
 
 // parseShard parses a shard number argument.

@@ -2,6 +2,7 @@ package kvctl_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
 	"github.com/shardkv/shardkv/pkg/kvctl"
 	"github.com/shardkv/shardkv/pkg/shardkv/kvtest"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
 const nshards = 16
@@ -77,6 +80,7 @@ type configOut struct {
 		GID         uint64 `json:"gid"`
 		Weight      uint32 `json:"weight"`
 		OwnedShards int    `json:"owned_shards"`
+		Leaving     bool   `json:"leaving"`
 		Servers     []struct {
 			ID       uint64 `json:"id"`
 			Addr     string `json:"addr"`
@@ -87,6 +91,12 @@ type configOut struct {
 		Shard uint32 `json:"shard"`
 		GID   uint64 `json:"gid"`
 	} `json:"pins"`
+	Moves []struct {
+		Shard       uint32 `json:"shard"`
+		FromGID     uint64 `json:"from_gid"`
+		ToGID       uint64 `json:"to_gid"`
+		SinceConfig uint64 `json:"since_config"`
+	} `json:"moves"`
 }
 
 type memberOut struct {
@@ -131,6 +141,14 @@ type statusOut struct {
 		Source uint64 `json:"source"`
 		Target uint64 `json:"target"`
 	} `json:"migrations"`
+	PlannedMoves []struct {
+		Shard       uint32 `json:"shard"`
+		FromGID     uint64 `json:"from_gid"`
+		ToGID       uint64 `json:"to_gid"`
+		SinceConfig uint64 `json:"since_config"`
+		TargetState string `json:"target_state"`
+		CaughtUp    bool   `json:"caught_up"`
+	} `json:"planned_moves"`
 	Config configOut `json:"config"`
 }
 
@@ -152,6 +170,9 @@ func TestUsageAndExitCodes(t *testing.T) {
 		{"query", "1", "2"},
 		{"move", "1"},
 		{"move", "x", "1"},
+		{"move", "--cancel"},
+		{"move", "--cancel", "1", "2"},
+		{"move", "--cancel", "--stop-and-copy", "1"},
 		{"unpin"},
 		{"leave"},
 		{"join"},
@@ -325,24 +346,68 @@ func TestCluster(t *testing.T) {
 
 	t.Run("move and unpin", func(t *testing.T) {
 		q := decode[configOut](t, mustRun(t, c, "--json", "query"))
-		to := uint64(1)
-		if q.Shards[0] == 1 {
+		from, to := q.Shards[0], uint64(1)
+		if from == 1 {
 			to = 2
 		}
+		// A move is planned: the owner stays until the cut-over.
 		r := mustRun(t, c, "move", "0", fmt.Sprint(to))
-		if !strings.Contains(r.out, fmt.Sprintf("shard 0 pinned to group %d", to)) {
+		if !strings.Contains(r.out, fmt.Sprintf("shard 0 pinned to group %d; move from group %d planned", to, from)) || !strings.Contains(r.out, "PLANNED MOVES") {
 			t.Fatalf("move: %s", r.out)
 		}
 		q = decode[configOut](t, mustRun(t, c, "--json", "query"))
-		if q.Shards[0] != to || len(q.Pins) != 1 || q.Pins[0].Shard != 0 || q.Pins[0].GID != to {
+		if q.Shards[0] != from || len(q.Pins) != 1 || q.Pins[0].Shard != 0 || q.Pins[0].GID != to ||
+			len(q.Moves) != 1 || q.Moves[0].Shard != 0 || q.Moves[0].FromGID != from || q.Moves[0].ToGID != to || q.Moves[0].SinceConfig != q.Num {
 			t.Fatalf("after move: %+v", q)
 		}
 		r = mustRun(t, c, "query")
-		if !strings.Contains(r.out, "PINNED") {
+		if !strings.Contains(r.out, "PINNED") || !strings.Contains(r.out, "PLANNED MOVES") {
 			t.Fatalf("query: %s", r.out)
 		}
+		s := decode[statusOut](t, mustRun(t, c, "--json", "status"))
+		if s.Settled || len(s.PlannedMoves) != 1 || s.PlannedMoves[0].ToGID != to {
+			t.Fatalf("status with a planned move: %+v", s)
+		}
+		if r := mustRun(t, c, "status"); !strings.Contains(r.out, "PLANNED MOVES") || !strings.Contains(r.out, "1 moves planned") {
+			t.Fatalf("status with a planned move:\n%s", r.out)
+		}
+		// Cancel: the shard stays (pinned) where it is.
+		r = mustRun(t, c, "move", "--cancel", "0")
+		if !strings.Contains(r.out, fmt.Sprintf("planned move of shard 0 to group %d cancelled", to)) {
+			t.Fatalf("move --cancel: %s", r.out)
+		}
+		q = decode[configOut](t, mustRun(t, c, "--json", "query"))
+		if q.Shards[0] != from || len(q.Moves) != 0 || len(q.Pins) != 1 || q.Pins[0].GID != from {
+			t.Fatalf("after move --cancel: %+v", q)
+		}
+		r = expectCode(t, kvctl.ExitError, c, "move", "--cancel", "0")
+		if !strings.Contains(r.err, "no planned move") {
+			t.Fatalf("move --cancel without a plan: %s", r)
+		}
+		// Stop-and-copy hands the shard over at once; --wait follows it
+		// until the target serves it.
+		r = mustRun(t, c, "move", "0", fmt.Sprint(to), "--stop-and-copy", "--wait", "--timeout=30s")
+		t.Logf("move --stop-and-copy --wait:\n%s", r.out)
+		if !strings.Contains(r.out, "handed over to group") || !strings.Contains(r.out, fmt.Sprintf("served by group %d", to)) {
+			t.Fatalf("move --stop-and-copy --wait: %s", r.out)
+		}
+		q = decode[configOut](t, mustRun(t, c, "--json", "query"))
+		if q.Shards[0] != to || len(q.Moves) != 0 || len(q.Pins) != 1 || q.Pins[0].GID != to {
+			t.Fatalf("after move --stop-and-copy: %+v", q)
+		}
+		// A planned move followed with --wait; the targets here do not
+		// pre-copy, so the test reports for them.
+		done := make(chan result, 1)
+		go func() { done <- run(c, "move", "0", fmt.Sprint(from), "--wait", "--timeout=30s") }()
+		stop := reportCaughtUpUntilDone(t, ctrl)
+		r = <-done
+		stop()
+		t.Logf("move --wait:\n%s", r)
+		if r.code != 0 || !strings.Contains(r.out, "announced in config") || !strings.Contains(r.out, "cut over in config") || !strings.Contains(r.out, fmt.Sprintf("served by group %d", from)) {
+			t.Fatalf("move --wait: %s", r)
+		}
 		q = decode[configOut](t, mustRun(t, c, "--json", "unpin", "0"))
-		if len(q.Pins) != 0 {
+		if len(q.Pins) != 0 || len(q.Moves) != 0 || q.Shards[0] != from {
 			t.Fatalf("after unpin: %+v", q)
 		}
 		// Refusals print the controller's message.
@@ -459,15 +524,17 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("join with wrong gid: %s", r)
 		}
 		r = mustRun(t, c, "join", "3="+strings.Join(addrs, ","), "--weight", "2")
-		if !strings.Contains(r.out, "joined group 3") {
+		if !strings.Contains(r.out, "joined group 3") || !strings.Contains(r.out, "PLANNED MOVES") {
 			t.Fatalf("join: %s", r.out)
 		}
+		// The join plans moves to group 3; it owns nothing until they are
+		// cut over.
 		q := decode[configOut](t, mustRun(t, c, "--json", "query"))
 		var found bool
 		for _, g := range q.Groups {
 			if g.GID == 3 {
 				found = true
-				if g.Weight != 2 || len(g.Servers) != 3 || g.OwnedShards == 0 {
+				if g.Weight != 2 || len(g.Servers) != 3 || g.OwnedShards != 0 {
 					t.Fatalf("joined group: %+v", g)
 				}
 				for i, s := range g.Servers {
@@ -477,13 +544,27 @@ func TestCluster(t *testing.T) {
 				}
 			}
 		}
-		if !found {
-			t.Fatalf("group 3 not in config: %+v", q)
+		if !found || len(q.Moves) == 0 {
+			t.Fatalf("group 3 not in config, or nothing planned: %+v", q)
 		}
-		// Right after the join: moving, or already settled.
+		for _, m := range q.Moves {
+			if m.ToGID != 3 || m.SinceConfig != q.Num {
+				t.Fatalf("planned move: %+v", m)
+			}
+		}
 		s := decode[statusOut](t, mustRun(t, c, "--json", "status"))
-		if s.ConfigNum != q.Num || (!s.Settled && len(s.Migrations) == 0 && allAt(s, q.Num)) {
+		if s.ConfigNum != q.Num || s.Settled || len(s.PlannedMoves) != len(q.Moves) {
 			t.Fatalf("status after join: %+v", s)
+		}
+		cutOverAll(t, ctrl)
+		q = decode[configOut](t, mustRun(t, c, "--json", "query"))
+		if !slices.Contains(q.Shards, 3) || len(q.Moves) != 0 {
+			t.Fatalf("after the cut-over: %+v", q)
+		}
+		// Right after the cut-over: moving, or already settled.
+		s = decode[statusOut](t, mustRun(t, c, "--json", "status"))
+		if s.ConfigNum != q.Num || (!s.Settled && len(s.Migrations) == 0 && allAt(s, q.Num)) {
+			t.Fatalf("status after the cut-over: %+v", s)
 		}
 		for _, m := range s.Migrations {
 			if m.Source == m.Target || (m.Source != 3 && m.Target != 3) {
@@ -507,10 +588,23 @@ func TestCluster(t *testing.T) {
 				t.Fatalf("re-join reset the weight: %+v", g)
 			}
 		}
+		// A leaving group stays, marked, until its shards are cut over.
 		r = mustRun(t, c, "leave", "3")
-		if !strings.Contains(r.out, "group 3 left") {
+		if !strings.Contains(r.out, "group 3 left") || !strings.Contains(r.out, "3 (leaving)") {
 			t.Fatalf("leave: %s", r.out)
 		}
+		q = decode[configOut](t, mustRun(t, c, "--json", "query"))
+		if len(q.Groups) != 3 || !q.Groups[2].Leaving || len(q.Moves) == 0 {
+			t.Fatalf("after leave: %+v", q)
+		}
+		if r := mustRun(t, c, "leave", "3"); !strings.Contains(r.out, "group 3 left") {
+			t.Fatalf("second leave: %s", r)
+		}
+		r = expectCode(t, kvctl.ExitError, c, "move", "0", "3")
+		if !strings.Contains(r.err, "leaving") {
+			t.Fatalf("move to a leaving group: %s", r)
+		}
+		cutOverAll(t, ctrl)
 		q = decode[configOut](t, mustRun(t, c, "--json", "query"))
 		if slices.Contains(q.Shards, 3) || len(q.Groups) != 2 {
 			t.Fatalf("after leave: %+v", q)
@@ -637,6 +731,71 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("workload on a taken key: %s", r)
 		}
 	})
+}
+
+// reportCaughtUp reports, for every target of a planned move in the
+// latest config, that its pre-copy has caught up (the data groups here do
+// not pre-copy); the controller leader then cuts the moves over. It
+// returns whether anything was planned.
+func reportCaughtUp(t *testing.T, cl *ctrlerclient.Client) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	latest, err := cl.Query(ctx, -1)
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	reports := map[uint64]*shardkvpb.GroupReport{}
+	for _, m := range latest.Moves {
+		r := reports[m.ToGid]
+		if r == nil {
+			r = &shardkvpb.GroupReport{Gid: m.ToGid, LeaderId: 1}
+			reports[m.ToGid] = r
+		}
+		r.Shards = append(r.Shards, &shardkvpb.ShardState{Shard: m.Shard, State: "PreCopying", ConfigNum: m.SinceConfig, PeerGid: m.FromGid,
+			Phase: "delta", Keys: 3, TotalKeys: 3, Bytes: 100, TotalBytes: 100, CaughtUp: true})
+	}
+	for _, r := range reports {
+		if _, err := cl.Report(ctx, r); err != nil {
+			t.Error(err)
+		}
+	}
+	return len(latest.Moves) > 0
+}
+
+func ctrlerClient(t *testing.T, ctrl string) *ctrlerclient.Client {
+	cl, err := ctrlerclient.New(strings.Split(ctrl, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// cutOverAll reports for the targets until every planned move is cut over.
+func cutOverAll(t *testing.T, ctrl string) {
+	t.Helper()
+	cl := ctrlerClient(t, ctrl)
+	waitFor(t, "the planned moves to be cut over", func() bool { return !reportCaughtUp(t, cl) })
+}
+
+// reportCaughtUpUntilDone reports for the targets of whatever is planned,
+// every 20 ms, until the returned stop is called.
+func reportCaughtUpUntilDone(t *testing.T, ctrl string) (stop func()) {
+	cl := ctrlerClient(t, ctrl)
+	quit, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			reportCaughtUp(t, cl)
+		}
+	}()
+	return func() { close(quit); <-finished }
 }
 
 type membershipOut struct {

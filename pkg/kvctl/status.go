@@ -22,7 +22,28 @@ type statusJSON struct {
 	Controller   controllerJSON    `json:"controller"`
 	Groups       []groupStatusJSON `json:"groups"`
 	Migrations   []migrationJSON   `json:"migrations"`
-	Config       configJSON        `json:"config"`
+	// PlannedMoves are the latest config's planned moves, with the
+	// target's pre-copy progress where it reports it.
+	PlannedMoves []plannedStatusJSON `json:"planned_moves"`
+	Config       configJSON          `json:"config"`
+}
+
+type plannedStatusJSON struct {
+	Shard       uint32 `json:"shard"`
+	FromGID     uint64 `json:"from_gid"`
+	ToGID       uint64 `json:"to_gid"`
+	SinceConfig uint64 `json:"since_config"`
+	// TargetState is the target's state of the shard ("PreCopying" while
+	// it copies; "" if it reports none yet).
+	TargetState  string `json:"target_state"`
+	Phase        string `json:"phase"` // snapshot, delta
+	Keys         uint64 `json:"keys"`
+	TotalKeys    uint64 `json:"total_keys"`
+	Bytes        uint64 `json:"bytes"`
+	TotalBytes   uint64 `json:"total_bytes"`
+	LagEntries   uint64 `json:"lag_entries"`
+	CaughtUp     bool   `json:"caught_up"`
+	WritePauseUs uint64 `json:"write_pause_us"`
 }
 
 type controllerJSON struct {
@@ -54,6 +75,11 @@ type groupStatusJSON struct {
 	InfoFrom    string       `json:"info_from"`
 	ReportAgeMs int64        `json:"report_age_ms"` // -1: no report
 	Members     []memberJSON `json:"members"`
+	// Leaving: the group left and stays until its last shard is cut over.
+	Leaving bool `json:"leaving"`
+	// MigrateBytesPerSec is the group's copy rate limit for shards it
+	// pulls, from its report (0: none, or not reported).
+	MigrateBytesPerSec uint64 `json:"migrate_bytes_per_sec"`
 }
 
 type migrationJSON struct {
@@ -63,9 +89,15 @@ type migrationJSON struct {
 	Source    uint64 `json:"source"`
 	Target    uint64 `json:"target"`
 	ConfigNum uint64 `json:"config_num"`
-	Keys      uint64 `json:"keys"`       // received so far (Pulling, Acking)
+	Keys      uint64 `json:"keys"`       // received so far (PreCopying, Pulling, Acking)
 	TotalKeys uint64 `json:"total_keys"` // keys in the shard at the source (0: not known yet)
-	Bytes     uint64 `json:"bytes"`      // received so far (Pulling, Acking)
+	Bytes     uint64 `json:"bytes"`      // received so far (PreCopying, Pulling, Acking)
+	// Pre-copy (PreCopying, and Pulling after a cut-over).
+	Phase        string `json:"phase"` // snapshot, delta
+	TotalBytes   uint64 `json:"total_bytes"`
+	LagEntries   uint64 `json:"lag_entries"`
+	CaughtUp     bool   `json:"caught_up"`
+	WritePauseUs uint64 `json:"write_pause_us"`
 }
 
 func cmdStatus(k *kvctl, args []string) error {
@@ -92,7 +124,7 @@ func cmdStatus(k *kvctl, args []string) error {
 func (k *kvctl) buildStatus(ctx context.Context, st *shardkvpb.ClusterStatus) *statusJSON {
 	latest := st.GetLatest()
 	out := &statusJSON{NShards: int(st.Nshards), ConfigNum: latest.GetNum(), OldestConfig: st.OldestConfig,
-		Config: toConfigJSON(latest), Groups: []groupStatusJSON{}, Migrations: []migrationJSON{}}
+		Config: toConfigJSON(latest), Groups: []groupStatusJSON{}, Migrations: []migrationJSON{}, PlannedMoves: []plannedStatusJSON{}}
 	if out.NShards == 0 {
 		out.NShards = len(latest.GetShards())
 	}
@@ -131,7 +163,27 @@ func (k *kvctl) buildStatus(ctx context.Context, st *shardkvpb.ClusterStatus) *s
 	wg.Wait()
 	out.Groups = groups
 
-	out.Settled = len(latest.GetGroups()) > 0
+	out.Settled = len(latest.GetGroups()) > 0 && len(latest.GetMoves()) == 0
+	shardOf := func(gid uint64, shard uint32) *shardkvpb.ShardState {
+		for i, g := range groups {
+			if g.GID == gid {
+				for _, s := range shardLists[i] {
+					if s.Shard == shard {
+						return s
+					}
+				}
+			}
+		}
+		return nil
+	}
+	for _, m := range latest.GetMoves() {
+		p := plannedStatusJSON{Shard: m.Shard, FromGID: m.FromGid, ToGID: m.ToGid, SinceConfig: m.SinceConfig}
+		if s := shardOf(m.ToGid, m.Shard); s != nil && s.State != "Serving" {
+			p.TargetState, p.Phase, p.Keys, p.TotalKeys, p.Bytes, p.TotalBytes = s.State, s.Phase, s.Keys, s.TotalKeys, s.Bytes, s.TotalBytes
+			p.LagEntries, p.CaughtUp, p.WritePauseUs = s.LagEntries, s.CaughtUp, s.WritePauseUs
+		}
+		out.PlannedMoves = append(out.PlannedMoves, p)
+	}
 	for i, g := range groups {
 		if g.InConfig && (g.InfoFrom == "none" || g.ConfigNum != latest.GetNum()) {
 			out.Settled = false
@@ -141,9 +193,10 @@ func (k *kvctl) buildStatus(ctx context.Context, st *shardkvpb.ClusterStatus) *s
 				continue
 			}
 			out.Settled = false
-			m := migrationJSON{Shard: s.Shard, GID: g.GID, State: s.State, ConfigNum: s.ConfigNum, Keys: s.Keys, Bytes: s.Bytes, TotalKeys: s.TotalKeys}
+			m := migrationJSON{Shard: s.Shard, GID: g.GID, State: s.State, ConfigNum: s.ConfigNum, Keys: s.Keys, Bytes: s.Bytes, TotalKeys: s.TotalKeys,
+				Phase: s.Phase, TotalBytes: s.TotalBytes, LagEntries: s.LagEntries, CaughtUp: s.CaughtUp, WritePauseUs: s.WritePauseUs}
 			switch s.State {
-			case "Pulling", "Acking": // the new owner
+			case "PreCopying", "Pulling", "Acking": // the new owner, or the planned one
 				m.Source, m.Target = s.PeerGid, g.GID
 			default: // BePulling, GCing: the old owner
 				m.Source, m.Target = g.GID, s.PeerGid
@@ -180,8 +233,11 @@ func (k *kvctl) controllerStatus(ctx context.Context, leader *shardkvpb.MemberSt
 func (k *kvctl) groupStatus(ctx context.Context, latest *shardkvpb.Config, gid uint64, rep *shardkvpb.GroupStatus) (groupStatusJSON, []*shardkvpb.ShardState) {
 	out := groupStatusJSON{GID: gid, ReportAgeMs: -1, ShardStates: map[string]int{}, InfoFrom: "none"}
 	var seeds, configured []string
+	if rep != nil {
+		out.MigrateBytesPerSec = rep.Report.GetMigrateBytesPerSec()
+	}
 	if g := findGroup(latest, gid); g != nil {
-		out.InConfig, out.Weight, out.OwnedShards = true, g.Weight, ownedShards(latest, gid)
+		out.InConfig, out.Weight, out.OwnedShards, out.Leaving = true, g.Weight, ownedShards(latest, gid), g.Leaving
 		for _, s := range g.Servers {
 			configured = append(configured, s.Addr)
 		}
@@ -232,7 +288,7 @@ func (k *kvctl) groupInfo(ctx context.Context, addr string) (*shardkvpb.GroupInf
 	return cl.GroupInfo(ctx, &shardkvpb.GroupInfoRequest{})
 }
 
-var stateOrder = []string{"Serving", "Pulling", "Acking", "BePulling", "GCing"}
+var stateOrder = []string{"Serving", "PreCopying", "Pulling", "Acking", "BePulling", "GCing"}
 
 func statesText(m map[string]int) string {
 	var parts []string
@@ -250,6 +306,16 @@ func statesText(m map[string]int) string {
 		return "-"
 	}
 	return strings.Join(parts, " ")
+}
+
+// preCopyText is a pre-copy's progress: "snapshot: 1200 of 5000 keys,
+// 1.2 MiB of 4.8 MiB copied, lag 340 entries" (", caught up").
+func preCopyText(phase string, keys, totalKeys, bytes, totalBytes, lag uint64, caughtUp bool) string {
+	s := fmt.Sprintf("%s: %s, lag %d entries", orDash(phase), copyProgress(keys, totalKeys, bytes, totalBytes, "copied"), lag)
+	if caughtUp {
+		s += ", caught up"
+	}
+	return s
 }
 
 func humanBytes(b uint64) string {
@@ -284,6 +350,8 @@ func (k *kvctl) printStatus(s *statusJSON) error {
 		owns := fmt.Sprint(g.OwnedShards)
 		if !g.InConfig {
 			owns = "not in config"
+		} else if g.Leaving {
+			owns += " (leaving)"
 		}
 		info := g.InfoFrom
 		switch {
@@ -291,6 +359,9 @@ func (k *kvctl) printStatus(s *statusJSON) error {
 			info = fmt.Sprintf("report %s old", (time.Duration(g.ReportAgeMs) * time.Millisecond).Round(100*time.Millisecond))
 		case g.InfoFrom == "none":
 			info = "unknown (no reachable leader, no report)"
+		}
+		if g.MigrateBytesPerSec > 0 {
+			info += fmt.Sprintf("; copy limit %s/s", humanBytes(g.MigrateBytesPerSec))
 		}
 		if g.InfoFrom == "none" {
 			fmt.Fprintf(tw, "%d\t%s\t-\t-\t-\t-\t-\t%s\n", g.GID, owns, info)
@@ -330,10 +401,18 @@ func (k *kvctl) printStatus(s *statusJSON) error {
 		for _, m := range s.Migrations {
 			progress := "-"
 			switch m.State {
+			case "PreCopying":
+				progress = preCopyText(m.Phase, m.Keys, m.TotalKeys, m.Bytes, m.TotalBytes, m.LagEntries, m.CaughtUp)
 			case "Pulling":
 				progress = fmt.Sprintf("%d keys, %s received", m.Keys, humanBytes(m.Bytes))
 				if m.TotalKeys > 0 {
 					progress = fmt.Sprintf("%d of %d keys (%d%%), %s received", m.Keys, m.TotalKeys, 100*m.Keys/m.TotalKeys, humanBytes(m.Bytes))
+				}
+				if m.Phase != "" {
+					progress = m.Phase + ": " + progress
+				}
+				if m.WritePauseUs > 0 {
+					progress += ", writes paused " + (time.Duration(m.WritePauseUs) * time.Microsecond).String()
 				}
 			case "Acking":
 				progress = fmt.Sprintf("installed (%d keys, %s); waiting for the source to confirm", m.Keys, humanBytes(m.Bytes))
@@ -348,11 +427,30 @@ func (k *kvctl) printStatus(s *statusJSON) error {
 			return err
 		}
 	}
+	if len(s.PlannedMoves) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "PLANNED MOVES (the source serves until the cut-over)")
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SHARD\tFROM\tTO\tSINCE CONFIG\tTARGET\tPROGRESS")
+		for _, p := range s.PlannedMoves {
+			state, progress := "not started", "-"
+			if p.TargetState != "" {
+				state = p.TargetState
+			}
+			if p.TargetState == "PreCopying" {
+				progress = preCopyText(p.Phase, p.Keys, p.TotalKeys, p.Bytes, p.TotalBytes, p.LagEntries, p.CaughtUp)
+			}
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\n", p.Shard, p.FromGID, p.ToGID, p.SinceConfig, state, progress)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(w)
 	if s.Settled {
 		fmt.Fprintf(w, "settled: every group serves config %d and no shard is moving\n", s.ConfigNum)
 	} else {
-		fmt.Fprintf(w, "not settled: %d shard states in motion, config %d\n", len(s.Migrations), s.ConfigNum)
+		fmt.Fprintf(w, "not settled: %d shard states in motion, %d moves planned, config %d\n", len(s.Migrations), len(s.PlannedMoves), s.ConfigNum)
 	}
 	return nil
 }

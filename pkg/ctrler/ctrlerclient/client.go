@@ -119,17 +119,31 @@ func (c *Client) Join(ctx context.Context, groups ...*shardkvpb.Group) (*shardkv
 	})
 }
 
-// Leave removes groups; their shards move to the others.
+// Leave removes groups; their shards move to the others. A group that owns
+// shards stays in the config, marked leaving, until the last of them is
+// cut over.
 func (c *Client) Leave(ctx context.Context, gids ...uint64) (*shardkvpb.Config, error) {
 	return c.mutate(ctx, func(ctx context.Context, cl shardkvpb.ControllerClient, id, seq uint64) (*shardkvpb.ConfigReply, error) {
 		return cl.Leave(ctx, &shardkvpb.LeaveRequest{ClientId: id, Seq: seq, Gids: gids})
 	})
 }
 
-// Move pins shard to gid.
+// Move pins shard to gid. The config it returns plans the move (the
+// target pre-copies the shard and the controller cuts over once it has
+// caught up); a move to the shard's current owner cancels a planned move.
 func (c *Client) Move(ctx context.Context, shard int, gid uint64) (*shardkvpb.Config, error) {
+	return c.move(ctx, shard, gid, false)
+}
+
+// MoveStopAndCopy pins shard to gid and hands it over in the next config,
+// without pre-copy: writes to the shard pause until gid has pulled it.
+func (c *Client) MoveStopAndCopy(ctx context.Context, shard int, gid uint64) (*shardkvpb.Config, error) {
+	return c.move(ctx, shard, gid, true)
+}
+
+func (c *Client) move(ctx context.Context, shard int, gid uint64, stopAndCopy bool) (*shardkvpb.Config, error) {
 	return c.mutate(ctx, func(ctx context.Context, cl shardkvpb.ControllerClient, id, seq uint64) (*shardkvpb.ConfigReply, error) {
-		return cl.Move(ctx, &shardkvpb.MoveRequest{ClientId: id, Seq: seq, Shard: uint32(shard), Gid: gid})
+		return cl.Move(ctx, &shardkvpb.MoveRequest{ClientId: id, Seq: seq, Shard: uint32(shard), Gid: gid, StopAndCopy: stopAndCopy})
 	})
 }
 
