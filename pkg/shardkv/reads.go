@@ -195,6 +195,19 @@ func logTime(txn *badger.Txn) (int64, error) {
 	return int64(binary.BigEndian.Uint64(v)), nil
 }
 
+// CountChanges counts shard s's change index entries (tests and tools).
+func (sm *StateMachine) CountChanges(s int) (n int) {
+	_ = sm.store.DB().View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: append(shardPrefix(s), tagChange)})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			n++
+		}
+		return nil
+	})
+	return n
+}
+
 // CountKeys counts the live and tombstoned keys held for shard s (any state).
 func (sm *StateMachine) CountKeys(s int) (n int, err error) {
 	prefix := append(shardPrefix(s), tagData)

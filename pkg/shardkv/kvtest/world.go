@@ -131,6 +131,8 @@ type Options struct {
 	// replica on addr (stable across the replica's restarts; it is the
 	// replica's advertised RESP address) and returns its stop function.
 	RESP func(addr string, g *shardkv.Group) (stop func())
+	// MigrateBytesPerSec is every data group's copy rate limit (0: none).
+	MigrateBytesPerSec int64
 	// CompactEvery is the controller's history compaction interval
 	// (ctrler.ServerConfig.CompactEvery; default its own).
 	CompactEvery time.Duration
@@ -215,8 +217,9 @@ func (w *World) StartGroup(gid uint64) *rgtest.Cluster {
 		Register: func(id uint64, s *grpc.Server, r *raftgroup.Replica, sm raftgroup.StateMachine) {
 			name := fmt.Sprintf("g%d/%d", gid, id)
 			respAddr := w.RESPAddr(gid, id)
-			grp := shardkv.NewGroup(shardkv.GroupConfig{Ctrler: ctrl, TrackLeaders: w.cfg.RESP != nil, ReportEvery: 200 * time.Millisecond, ExpireEvery: time.Second,
-				ExpireKeysEvery: 100 * time.Millisecond, Logger: rgtest.Logger().With("gid", gid, "replica", id)}, r, sm.(*shardkv.StateMachine))
+			gc := shardkv.GroupConfig{Ctrler: ctrl, TrackLeaders: w.cfg.RESP != nil, ReportEvery: 200 * time.Millisecond, ExpireEvery: time.Second,
+				ExpireKeysEvery: 100 * time.Millisecond, MigrateBytesPerSec: w.cfg.MigrateBytesPerSec, Logger: rgtest.Logger().With("gid", gid, "replica", id)}
+			grp := shardkv.NewGroup(gc, r, sm.(*shardkv.StateMachine))
 			grp.Register(s)
 			stopRESP := func() {}
 			if w.cfg.RESP != nil {
