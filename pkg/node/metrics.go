@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"strconv"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -72,6 +73,12 @@ var (
 	descMigKeys    = prometheus.NewDesc("shardkv_migration_keys_total", "Keys received through shard migration.", nil, nil)
 	descMigBytes   = prometheus.NewDesc("shardkv_migration_bytes_total", "Bytes received through shard migration.", nil, nil)
 	descGCKeys     = prometheus.NewDesc("shardkv_gc_keys_total", "Keys of handed-off shards deleted.", nil, nil)
+	descMovePause  = prometheus.NewDesc("shardkv_migration_write_pause_seconds", "Write pause of each shard move into this group, from the source's barrier to this group serving the shard (log time).", nil, nil)
+	descCopyKeys   = prometheus.NewDesc("shardkv_migration_shard_keys", "Keys copied so far of a shard being copied into this group.", []string{"shard", "source", "phase"}, nil)
+	descCopyTotal  = prometheus.NewDesc("shardkv_migration_shard_total_keys", "Keys the source reported for a shard being copied into this group.", []string{"shard", "source"}, nil)
+	descCopyBytes  = prometheus.NewDesc("shardkv_migration_shard_bytes", "Bytes copied so far of a shard being copied into this group.", []string{"shard", "source"}, nil)
+	descCopyTotB   = prometheus.NewDesc("shardkv_migration_shard_total_bytes", "Bytes the source reported for a shard being copied into this group.", []string{"shard", "source"}, nil)
+	descCopyLag    = prometheus.NewDesc("shardkv_migration_shard_lag_entries", "Log entries a shard's copy is behind its source (0 once caught up).", []string{"shard", "source"}, nil)
 	descErrors     = prometheus.NewDesc("shardkv_errors_total", "Failed gRPC calls, by kind.", []string{"kind"}, nil)
 	descConfig     = prometheus.NewDesc("shardkv_config_num", "Config number this replica has applied (data groups) or the latest (controller).", nil, nil)
 	descRESPConns  = prometheus.NewDesc("shardkv_resp_connected_clients", "Open Redis protocol connections.", nil, nil)
@@ -87,6 +94,7 @@ type collector struct{ n *Node }
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTerm, descCommit, descApplied, descLeader, descProposals, descPropFailed, descFsyncs,
 		descRounds, descReadIndex, descSnapSent, descSnapRecv, descDropped, descShards, descMigKeys, descMigBytes, descGCKeys, descErrors, descConfig,
+		descMovePause, descCopyKeys, descCopyTotal, descCopyBytes, descCopyTotB, descCopyLag,
 		descRESPConns, descRESPCmds, descRESPRefuse, descRESPUnk, descRESPReject} {
 		ch <- d
 	}
@@ -119,13 +127,33 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descSnapRecv, m.SnapshotsReceived.Load())
 	counter(descDropped, m.MessagesDropped.Load())
 	if sm := c.n.groupSM; sm != nil {
-		counts := map[shardkv.ShardState]int{shardkv.Serving: 0, shardkv.Pulling: 0, shardkv.Acking: 0, shardkv.BePulling: 0, shardkv.GCing: 0}
-		for _, meta := range sm.Shards() {
+		states := []shardkv.ShardState{shardkv.Serving, shardkv.PreCopying, shardkv.Pulling, shardkv.Acking, shardkv.BePulling, shardkv.GCing}
+		counts := map[shardkv.ShardState]int{}
+		for s, meta := range sm.Shards() {
 			counts[meta.State]++
+			if meta.State != shardkv.PreCopying && meta.State != shardkv.Pulling {
+				continue
+			}
+			shard, src := strconv.Itoa(s), strconv.FormatUint(meta.Peer, 10)
+			phase := "snapshot"
+			if meta.Delta {
+				phase = "delta"
+			}
+			gauge(descCopyKeys, float64(meta.Keys), shard, src, phase)
+			gauge(descCopyTotal, float64(meta.Total), shard, src)
+			gauge(descCopyBytes, float64(meta.Bytes), shard, src)
+			gauge(descCopyTotB, float64(meta.TotalBytes), shard, src)
+			gauge(descCopyLag, float64(meta.Lag), shard, src)
 		}
-		for _, s := range []shardkv.ShardState{shardkv.Serving, shardkv.Pulling, shardkv.Acking, shardkv.BePulling, shardkv.GCing} {
+		for _, s := range states {
 			gauge(descShards, float64(counts[s]), string(s))
 		}
+		cum, sum, n := sm.WritePauses()
+		buckets := map[float64]uint64{}
+		for i, b := range shardkv.PauseBuckets {
+			buckets[b.Seconds()] = cum[i]
+		}
+		ch <- prometheus.MustNewConstHistogram(descMovePause, n, sum.Seconds(), buckets)
 		counter(descMigKeys, sm.MigratedKeys.Load())
 		counter(descMigBytes, sm.MigratedBytes.Load())
 		counter(descGCKeys, sm.GCKeys.Load())

@@ -79,7 +79,9 @@ func TestForgedShardInstalledRefused(t *testing.T) {
 	w.StopGroup(to)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	moved, err := w.Admin().Move(ctx, s, to)
+	// Stop-and-copy: the hand-off happens at once (a pre-copy move would
+	// wait, announced, for its target to copy the shard).
+	moved, err := w.Admin().MoveStopAndCopy(ctx, s, to)
 	if err != nil {
 		t.Fatal(err)
 	}

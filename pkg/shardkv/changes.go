@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
@@ -165,6 +166,7 @@ func (a *applyCtx) applyDelta(s int, m ShardMeta, c *shardkvpb.InsertChunk) (any
 		m = ShardMeta{State: Acking, Config: m.Config, Peer: m.Peer, Keys: m.Keys, Bytes: m.Bytes, Total: m.Total, TotalBytes: m.TotalBytes}
 		if c.FrozeAtNs > 0 && pause > 0 {
 			m.PauseUs = uint64(pause / 1000)
+			a.sm.pauses.observe(time.Duration(pause))
 		}
 	}
 	return nil, a.setMeta(s, m)

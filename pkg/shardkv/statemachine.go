@@ -28,6 +28,7 @@ type StateMachine struct {
 	// Process-lifetime counters of shard data received and deleted through
 	// the log (every replica counts what it applies).
 	MigratedKeys, MigratedBytes, GCKeys atomic.Uint64
+	pauses                              pauseHist
 }
 
 // NewStateMachine returns the state machine of data group gid.

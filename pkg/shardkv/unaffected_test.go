@@ -10,6 +10,7 @@ import (
 	"github.com/shardkv/shardkv/pkg/routing"
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkv/kvtest"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
 // uaKeysPerShard returns one key per shard, by shard.
@@ -68,7 +69,9 @@ func uaWriteAll(c *client.Client, keys []string, want map[string]string, suffix 
 // TestDeadSourceLeavesOtherShardsServing: a config change whose source
 // group is down (every replica crashed) stalls the shards it gives away, and
 // only those: every other shard keeps serving reads and writes during the
-// stall, on the groups that receive the dead group's shards too.
+// stall, on the groups that receive the dead group's shards too. The
+// stalled moves stay announced (their targets cannot copy from the dead
+// group, so the controller does not cut them over).
 func TestDeadSourceLeavesOtherShardsServing(t *testing.T) {
 	const nshards = 16
 	w := kvtest.New(t, kvtest.Options{Shards: nshards})
@@ -129,12 +132,17 @@ func TestDeadSourceLeavesOtherShardsServing(t *testing.T) {
 		}
 		rounds++
 	}
-	// The stalled shards really are stalled: still Pulling from 101.
+	// The stalled shards really are stalled: announced, their copies
+	// from 101 not caught up.
 	for _, s := range stalled {
-		m := uaLeaderSM(t, w, after.Shards[s]).Shard(s)
-		if m.State != shardkv.Pulling || m.Peer != 101 {
-			t.Fatalf("shard %d on group %d is %v, want Pulling from 101 while 101 is down", s, after.Shards[s], m)
+		to := uaTarget(after, s)
+		m := uaLeaderSM(t, w, to).Shard(s)
+		if m.State != shardkv.PreCopying || m.Peer != 101 || m.CaughtUp {
+			t.Fatalf("shard %d on group %d is %+v, want PreCopying from 101, not caught up, while 101 is down", s, to, m)
 		}
+	}
+	if now := latestConfig(t, w); len(now.Moves) != len(stalled) {
+		t.Fatalf("config %d plans %d moves, want the %d stalled ones still announced", now.Num, len(now.Moves), len(stalled))
 	}
 	t.Logf("%d rounds of writes and reads on %d live shards during the stall", rounds, len(live))
 
@@ -182,7 +190,7 @@ func TestLiveSourceServedDespiteDeadSource(t *testing.T) {
 	joinTook := time.Since(start)
 	var fromLive, fromDead []int
 	for s := range nshards {
-		if after.Shards[s] != 102 {
+		if uaTarget(after, s) != 102 {
 			continue
 		}
 		if before.Shards[s] == live {
@@ -203,7 +211,7 @@ func TestLiveSourceServedDespiteDeadSource(t *testing.T) {
 		sm := uaLeaderSM(t, w, 102)
 		served := 0
 		for _, s := range fromLive {
-			if m := sm.Shard(s); sm.Config().Num == after.Num && (m.State == shardkv.Acking || m.State == shardkv.Serving) {
+			if m := sm.Shard(s); sm.Config().Num >= after.Num && (m.State == shardkv.Acking || m.State == shardkv.Serving) {
 				served++
 			}
 		}
@@ -228,8 +236,8 @@ func TestLiveSourceServedDespiteDeadSource(t *testing.T) {
 	}
 	sm := uaLeaderSM(t, w, 102)
 	for _, s := range fromDead {
-		if m := sm.Shard(s); m.State != shardkv.Pulling {
-			t.Fatalf("shard %d from the dead group is %v on 102, want Pulling", s, m)
+		if m := sm.Shard(s); m.State != shardkv.PreCopying || m.CaughtUp {
+			t.Fatalf("shard %d from the dead group is %+v on 102, want PreCopying, not caught up", s, m)
 		}
 	}
 
@@ -238,4 +246,15 @@ func TestLiveSourceServedDespiteDeadSource(t *testing.T) {
 	if err := uaWriteAll(c, keys, want, "z", 20*time.Second); err != nil {
 		t.Fatalf("after group %d came back: %v", dead, err)
 	}
+}
+
+// uaTarget is where shard s is going in conf: its planned move's target,
+// else its owner.
+func uaTarget(conf *shardkvpb.Config, s int) uint64 {
+	for _, mv := range conf.Moves {
+		if int(mv.Shard) == s {
+			return mv.ToGid
+		}
+	}
+	return conf.Shards[s]
 }
