@@ -486,7 +486,9 @@ func (h *hostile) case3and5(t *testing.T) {
 	}
 	defer resume()
 	moveStart := time.Now()
-	conf, err := h.cc.Move(ctx, shard, 2)
+	// Stop-and-copy: the shard is frozen at once, while the target is
+	// paused (a pre-copy move would wait, announced, for the copy).
+	conf, err := h.cc.MoveStopAndCopy(ctx, shard, 2)
 	if err != nil {
 		t.Fatalf("Move(%d, 2): %v", shard, err)
 	}

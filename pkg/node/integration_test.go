@@ -362,8 +362,10 @@ func TestMetricsAndHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	for {
+		// Served, and every announced move cut over.
 		st, err := cc.Status(ctx)
-		if err == nil && st.Latest.Num >= conf.Num && served(st) {
+		if err == nil && st.Latest.Num >= conf.Num && len(st.Latest.Moves) == 0 && served(st) {
+			conf = st.Latest
 			break
 		}
 		if ctx.Err() != nil {

@@ -51,7 +51,7 @@ func TestRedirectsLeadToOwner(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		before := slices.Clone(conf.Shards)
-		next, err := w.Admin().Move(ctx, shard, to)
+		next, err := w.Admin().MoveStopAndCopy(ctx, shard, to) // the owner changes in this config
 		if err != nil {
 			t.Fatal(err)
 		}
