@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/ctrler"
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/grpc"
@@ -35,6 +36,7 @@ func FuzzControllerRPC(f *testing.F) {
 		{mLeave, &shardkvpb.LeaveRequest{Gids: []uint64{0, 1, 1, 1 << 63}}},
 		{mMove, &shardkvpb.MoveRequest{ClientId: 8, Seq: 1, Shard: 3, Gid: 1}},
 		{mMove, &shardkvpb.MoveRequest{Shard: 1 << 31, Gid: 0}},
+		{mMove, &shardkvpb.MoveRequest{ClientId: 8, Seq: 2, Shard: 5, Gid: 2, StopAndCopy: true}},
 		{mUnpin, &shardkvpb.UnpinRequest{Shard: 3}},
 		{mUnpin, &shardkvpb.UnpinRequest{Shard: 0xffffffff}},
 		{mQuery, &shardkvpb.QueryRequest{Num: -1}},
@@ -45,6 +47,10 @@ func FuzzControllerRPC(f *testing.F) {
 		{mReport, &shardkvpb.GroupReport{Gid: 1, LeaderId: 1, LeaderAddr: "g1-1:7000", ConfigNum: 1 << 62}},
 		{mReport, &shardkvpb.GroupReport{Gid: 0}},
 		{mReport, &shardkvpb.GroupReport{Gid: 99, Shards: []*shardkvpb.ShardState{{}}, Members: []*shardkvpb.Member{{}}}},
+		// A target's report that its pre-copies caught up: the leader cuts over.
+		{mReport, &shardkvpb.GroupReport{Gid: 2, Shards: []*shardkvpb.ShardState{
+			{Shard: 3, State: ctrler.PreCopyState, ConfigNum: 1 << 62, PeerGid: 1, CaughtUp: true},
+			{Shard: 12, State: ctrler.PreCopyState, ConfigNum: 3, PeerGid: 1, CaughtUp: true}}}},
 		{mStatus, &shardkvpb.ClusterStatusRequest{}},
 	}
 	for _, s := range seeds {

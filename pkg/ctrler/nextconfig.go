@@ -167,10 +167,12 @@ func nextConfig(latest *shardkvpb.Config, nshards int, strategy placement.Strate
 		}
 	}
 	dropIdleLeaving(next)
-	if next.Num--; proto.Equal(next, latest) {
+	next.Num = latest.Num
+	unchanged := proto.Equal(next, latest)
+	next.Num = latest.Num + 1
+	if unchanged {
 		return nil, nil
 	}
-	next.Num++
 	if n := proto.Size(next); n > MaxConfigBytes {
 		return nil, refuse("the config would take %d bytes, over the %d limit", n, MaxConfigBytes)
 	}
@@ -186,7 +188,9 @@ func cutOverConfig(latest *shardkvpb.Config, cut *shardkvpb.ControllerCutOver) *
 	next.Num = latest.Num + 1
 	matched := false
 	for _, m := range cut.GetMoves() {
-		i := slices.IndexFunc(next.Moves, func(p *shardkvpb.PlannedMove) bool { return proto.Equal(p, m) })
+		i := slices.IndexFunc(next.Moves, func(p *shardkvpb.PlannedMove) bool {
+			return p.Shard == m.GetShard() && p.FromGid == m.GetFromGid() && p.ToGid == m.GetToGid() && p.SinceConfig == m.GetSinceConfig()
+		})
 		if i < 0 || int(m.Shard) >= len(next.Shards) {
 			continue
 		}

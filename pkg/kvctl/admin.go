@@ -308,12 +308,15 @@ func cmdJoin(k *kvctl, args []string) error {
 	var gids []string
 	for _, g := range groups {
 		g.Weight = uint32(*weight)
-		if g.Weight == 0 {
-			if old := findGroup(latest, g.Gid); old != nil {
-				g.Weight = old.Weight
-			}
+		old := findGroup(latest, g.Gid)
+		if g.Weight == 0 && old != nil {
+			g.Weight = old.Weight
 		}
-		gids = append(gids, strconv.FormatUint(g.Gid, 10))
+		id := strconv.FormatUint(g.Gid, 10)
+		if old != nil && old.Leaving {
+			id += " (it was leaving: taken back)"
+		}
+		gids = append(gids, id)
 	}
 	c, err := ctrl.Join(ctx, groups...)
 	return k.mutated("joined group "+strings.Join(gids, ", "), c, err)

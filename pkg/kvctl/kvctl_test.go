@@ -604,6 +604,16 @@ func TestCluster(t *testing.T) {
 		if !strings.Contains(r.err, "leaving") {
 			t.Fatalf("move to a leaving group: %s", r)
 		}
+		// A join takes it back; leave again.
+		r = mustRun(t, c, "join", "3="+strings.Join(addrs, ","))
+		if !strings.Contains(r.out, "taken back") {
+			t.Fatalf("rejoin: %s", r.out)
+		}
+		q = decode[configOut](t, mustRun(t, c, "--json", "query"))
+		if len(q.Groups) != 3 || q.Groups[2].Leaving {
+			t.Fatalf("after rejoin: %+v", q)
+		}
+		mustRun(t, c, "leave", "3")
 		cutOverAll(t, ctrl)
 		q = decode[configOut](t, mustRun(t, c, "--json", "query"))
 		if slices.Contains(q.Shards, 3) || len(q.Groups) != 2 {

@@ -546,6 +546,11 @@ func (k *kvctl) routeToVoters(ctx context.Context, t *target, ms []*shardkvpb.Me
 	if same {
 		return nil, nil
 	}
+	if t.group.Leaving {
+		// A Join of a leaving group takes it back: not what a member
+		// change means.
+		return nil, fmt.Errorf("group %d is leaving: a Join with its new servers would take it back (until its last shard is cut over, the config keeps its old servers)", t.gid)
+	}
 	if len(g.Servers) == 0 {
 		return nil, errors.New("the group has no voters")
 	}

@@ -67,7 +67,7 @@ func cmdMove(k *kvctl, args []string) error {
 		return k.ctrlErr(err)
 	}
 	if *wait {
-		return k.waitMove(ctx, ctrl, uint32(shard), gid, c)
+		return k.waitMove(ctx, ctrl, uint32(shard), gid, c, *stopAndCopy)
 	}
 	what := fmt.Sprintf("shard %d pinned to group %d", shard, gid)
 	if m := plannedMove(c, uint32(shard)); m != nil && m.ToGid == gid {
@@ -113,7 +113,7 @@ func (k *kvctl) cancelMove(ctx context.Context, ctrl *ctrlerclient.Client, shard
 type moveEvent struct {
 	Shard uint32 `json:"shard"`
 	// Phase: announced, handed-over (stop-and-copy), pre-copying,
-	// cut-over, pulling, served.
+	// cut-over, pulling, served; already-there (nothing to move).
 	Phase  string `json:"phase"`
 	From   uint64 `json:"from"`
 	To     uint64 `json:"to"`
@@ -166,6 +166,8 @@ func (e moveEvent) text() string {
 		return p + fmt.Sprintf("cut over in config %d: group %d owns it; group %d pulls the last changes", e.Config, e.To, e.To)
 	case "pulling":
 		return p + fmt.Sprintf("pulling (%s) from group %d: %s", orDash(e.CopyPhase), e.From, copyProgress(e.Keys, e.TotalKeys, e.Bytes, e.TotalBytes, "received"))
+	case "already-there":
+		return p + fmt.Sprintf("already on group %d (config %d); nothing to move", e.To, e.Config)
 	case "served":
 		return p + fmt.Sprintf("served by group %d (config %d), %s", e.To, e.Config, pauseText(e.WritePauseUs))
 	}
@@ -282,7 +284,7 @@ func (mv *mover) cutConfig(ctx context.Context, ctrl *ctrlerclient.Client, lates
 
 // waitMove prints the phases of the move c started until the target
 // serves the shard, or the command's time is up.
-func (k *kvctl) waitMove(ctx context.Context, ctrl *ctrlerclient.Client, shard uint32, gid uint64, c *shardkvpb.Config) error {
+func (k *kvctl) waitMove(ctx context.Context, ctrl *ctrlerclient.Client, shard uint32, gid uint64, c *shardkvpb.Config, stopAndCopy bool) error {
 	if int(shard) >= len(c.GetShards()) {
 		return fmt.Errorf("shard %d is not in config %d", shard, c.GetNum())
 	}
@@ -292,9 +294,11 @@ func (k *kvctl) waitMove(ctx context.Context, ctrl *ctrlerclient.Client, shard u
 		if err := mv.emit(moveEvent{Phase: "announced", Config: m.SinceConfig}); err != nil {
 			return err
 		}
+	} else if c.Shards[shard] == gid && !stopAndCopy {
+		return mv.emit(moveEvent{Phase: "already-there", Config: c.Num})
 	} else if c.Shards[shard] == gid {
-		// Handed over now (stop-and-copy), or there already: wait until
-		// the target serves it at this config.
+		// Handed over now, or there already: wait until the target
+		// serves it at this config.
 		mv.cut = c.Num
 		if err := mv.emit(moveEvent{Phase: "handed-over", Config: c.Num}); err != nil {
 			return err

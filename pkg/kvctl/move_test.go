@@ -115,3 +115,14 @@ func TestStatusShowsPlannedMoves(t *testing.T) {
 		}
 	}
 }
+
+// A member change of a leaving group does not re-join it (a Join would
+// take it back).
+func TestRouteToVotersOfLeavingGroup(t *testing.T) {
+	k := &kvctl{}
+	tg := &target{gid: 3, group: &shardkvpb.Group{Gid: 3, Leaving: true, Weight: 1, Servers: []*shardkvpb.Server{{Id: 1, Addr: "a:1"}, {Id: 2, Addr: "b:1"}}}}
+	_, err := k.routeToVoters(context.Background(), tg, []*shardkvpb.Member{{Id: 1, Addr: "a:1"}})
+	if err == nil || !strings.Contains(err.Error(), "group 3 is leaving") {
+		t.Fatalf("re-join of a leaving group: %v", err)
+	}
+}
