@@ -38,7 +38,9 @@ type LocalOptions struct {
 	Shards         int    `json:"shards"`
 	Placement      string `json:"placement"`
 	LogLevel       string `json:"-"`
-	given          map[string]bool
+	// MigrateBytesPerSec is passed to every data group (node serve).
+	MigrateBytesPerSec int64 `json:"-"`
+	given              map[string]bool
 }
 
 // ParseLocal parses `node local` arguments.
@@ -57,6 +59,7 @@ func ParseLocal(args []string, stderr io.Writer) (*LocalOptions, error) {
 	fs.IntVar(&o.Shards, "shards", routing.DefaultShards, "shard count (fixed when the cluster is created)")
 	fs.StringVar(&o.Placement, "placement", string(placement.Balanced), "balanced or consistent-hash (fixed when the cluster is created)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "children's log level")
+	fs.Int64Var(&o.MigrateBytesPerSec, "migrate-bytes-per-sec", 0, "every data group's copy rate limit, bytes/s (0: none)")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
@@ -193,6 +196,9 @@ func (o *LocalOptions) layout() (ctrl []*proc, groups map[uint64][]*proc) {
 				"--peers=" + peers(ps), "--ctrler=" + strings.Join(ctrlAddrs, ","), "--log-level=" + o.LogLevel}
 			if p.resp != "" {
 				p.args = append(p.args, "--resp="+p.resp)
+			}
+			if o.MigrateBytesPerSec > 0 {
+				p.args = append(p.args, fmt.Sprint("--migrate-bytes-per-sec=", o.MigrateBytesPerSec))
 			}
 		}
 	}

@@ -70,6 +70,7 @@ type benchParams struct {
 	fillWorkers int
 	maxInFlight int           // per open-loop writer; ticks past it are skipped (and counted)
 	poll        time.Duration // GroupInfo polling period during the move
+	rate        int           // pre-copy-limited: the groups' copy rate limit, bytes/s
 	out         string        // markdown file for the table ("" = log only)
 	opsDir      string        // if set, every op of every run as CSV, one file per run
 }
@@ -117,6 +118,7 @@ func loadBenchParams(t *testing.T) benchParams {
 		fillWorkers: benchInt(t, "FILL_WORKERS", 4),
 		maxInFlight: benchInt(t, "MAX_IN_FLIGHT", 1000),
 		poll:        benchDur(t, "POLL", 10*time.Millisecond),
+		rate:        benchInt(t, "RATE", 2_000_000),
 		out:         benchEnv(t, "OUT", ""),
 		opsDir:      benchEnv(t, "OPS_DIR", ""),
 	}
@@ -129,8 +131,8 @@ func loadBenchParams(t *testing.T) benchParams {
 	}
 	for _, m := range strings.Split(benchEnv(t, "MODES", "stop-and-copy,pre-copy"), ",") {
 		m = strings.TrimSpace(m)
-		if m != "stop-and-copy" && m != "pre-copy" {
-			t.Fatalf("SHARDKV_MIGRATION_BENCH_MODES: unknown mode %q (stop-and-copy or pre-copy)", m)
+		if m != "stop-and-copy" && m != "pre-copy" && m != "pre-copy-limited" {
+			t.Fatalf("SHARDKV_MIGRATION_BENCH_MODES: unknown mode %q (stop-and-copy, pre-copy or pre-copy-limited)", m)
 		}
 		p.modes = append(p.modes, m)
 	}
@@ -184,8 +186,8 @@ func TestMigrationBench(t *testing.T) {
 	}
 }
 
-const migrationTableHeader = "| keys | mode | move s | copy MB/s | Go write gap ms | redis write gap ms | barrier writes | barrier p50 ms | barrier p99 ms | freeze→serve ms | reported pause ms | unaffected p99 base ms | unaffected p99 move ms | ratio | client errors | lost writes |\n" +
-	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+const migrationTableHeader = "| keys | mode | move s | copy MB/s | snapshot MB/s | Go write gap ms | redis write gap ms | barrier writes | barrier p50 ms | barrier p99 ms | freeze→serve ms | reported pause ms | unaffected p99 base ms | unaffected p99 move ms | ratio | client errors | lost writes |\n" +
+	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 
 // --- ops and their records ---
 
@@ -299,6 +301,7 @@ type benchResult struct {
 	mode       string
 	moveTime   time.Duration
 	mbps       float64
+	snapMBps   float64 // the snapshot phase's copy rate, as B reported it; -1: not seen
 	goGap      time.Duration
 	goGapOpen  bool // no success after the gap before the load stopped
 	redisGap   time.Duration
@@ -335,8 +338,12 @@ func (r *benchResult) row() string {
 	if r.baseP99 > 0 {
 		ratio = fmt.Sprintf("%.2f", float64(r.moveP99)/float64(r.baseP99))
 	}
-	return fmt.Sprintf("| %d | %s | %.2f | %.2f | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %d |",
-		r.keys, r.mode, r.moveTime.Seconds(), r.mbps, gap(r.goGap, r.goGapOpen), gap(r.redisGap, r.redisOpen),
+	snap := "-"
+	if r.snapMBps >= 0 {
+		snap = fmt.Sprintf("%.2f", r.snapMBps)
+	}
+	return fmt.Sprintf("| %d | %s | %.2f | %.2f | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %d |",
+		r.keys, r.mode, r.moveTime.Seconds(), r.mbps, snap, gap(r.goGap, r.goGapOpen), gap(r.redisGap, r.redisOpen),
 		r.barrierN, ms(r.barrierP50), ms(r.barrierP99), opt(r.freezeServ), opt(r.pause),
 		ms(r.baseP99), ms(r.moveP99), ratio, r.errs, r.lost)
 }
@@ -402,7 +409,11 @@ func moveShard(ctx context.Context, ctrl []string, pool *grpcdial.Pool, shard in
 }
 
 func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *benchResult {
-	c := startLocal(t, 7, "--resp", "--groups=2", "--replicas=3", "--ctrler-replicas=1", "--spare-groups=0")
+	args := []string{"--resp", "--groups=2", "--replicas=3", "--ctrler-replicas=1", "--spare-groups=0"}
+	if mode == "pre-copy-limited" {
+		args = append(args, fmt.Sprint("--migrate-bytes-per-sec=", p.rate))
+	}
+	c := startLocal(t, 7, args...)
 	cc, err := ctrlerclient.New(c.ctrl)
 	if err != nil {
 		t.Fatal(err)
@@ -643,6 +654,10 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 	var (
 		frozenAt, servingAt, droppedAt time.Time
 		lastB                          *shardkvpb.ShardState
+		// The snapshot's copy rate: B's copied bytes at its first and
+		// last observation in the snapshot phase.
+		snapT0, snapT1 time.Time
+		snapB0, snapB1 uint64
 		statesA, statesB               []string
 	)
 	note := func(list *[]string, s string) {
@@ -682,6 +697,12 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 					name += "/" + sb.Phase
 				}
 				lastB = sb
+				if sb.Phase == "snapshot" && sb.Bytes > 0 {
+					if snapT0.IsZero() {
+						snapT0, snapB0 = now, sb.Bytes
+					}
+					snapT1, snapB1 = now, sb.Bytes
+				}
 			}
 			note(&statesB, name)
 			if servingAt.IsZero() && sb != nil && (sb.State == "Serving" || sb.State == "Acking") && ownerIn(rb.Config, moving) == gidB {
@@ -701,7 +722,10 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 	}
 
 	// 4. The row.
-	r := &benchResult{keys: nkeys, mode: mode, freezeServ: -1, pause: -1}
+	r := &benchResult{keys: nkeys, mode: mode, freezeServ: -1, pause: -1, snapMBps: -1}
+	if d := snapT1.Sub(snapT0); d > 200*time.Millisecond {
+		r.snapMBps = float64(snapB1-snapB0) / 1e6 / d.Seconds()
+	}
 	r.moveTime = servingAt.Sub(moveStart)
 	r.mbps = float64(fillBytes) / 1e6 / r.moveTime.Seconds()
 	if !frozenAt.IsZero() && frozenAt.Before(servingAt) {
