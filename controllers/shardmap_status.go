@@ -300,10 +300,15 @@ func summarize(st *shardkvpb.ClusterStatus, prev *shardkvpb.Config, name func(ui
 		}
 	}
 	waitKeys := slices.Collect(maps.Keys(waitShards))
+	serious := func(reason string) int { // GroupNotReporting first
+		if reason == ReasonGroupNotReporting {
+			return 0
+		}
+		return 1
+	}
 	slices.SortFunc(waitKeys, func(a, b waitKey) int {
 		if a.reason != b.reason {
-			// GroupNotReporting first: the more serious.
-			return -strings.Compare(a.reason, b.reason)
+			return cmp.Compare(serious(a.reason), serious(b.reason))
 		}
 		return cmp.Compare(a.gid, b.gid)
 	})
