@@ -203,7 +203,8 @@ type fakeController struct {
 	key     string
 	configs []*shardkvpb.Config // configs[i].Num == i
 	reports []*shardkvpb.GroupReport
-	leader  uint64 // the controller group's leader id (0: none)
+	ages    map[uint64]int64 // report ages (ms) SetReportAge set; default 100
+	leader  uint64           // the controller group's leader id (0: none)
 	members *shardkvpb.MemberStatus
 	errs    map[string]error
 	watches []chan struct{}
@@ -262,6 +263,17 @@ func (c *fakeController) SetReports(reports ...*shardkvpb.GroupReport) {
 		c.reports = append(c.reports, proto.Clone(r).(*shardkvpb.GroupReport))
 	}
 	slices.SortFunc(c.reports, func(a, b *shardkvpb.GroupReport) int { return int(a.Gid) - int(b.Gid) })
+}
+
+// SetReportAge sets how old (ms) group gid's report is said to be in
+// ClusterStatus (default 100 ms).
+func (c *fakeController) SetReportAge(gid uint64, ms int64) {
+	c.d.mu.Lock()
+	defer c.d.mu.Unlock()
+	if c.ages == nil {
+		c.ages = map[uint64]int64{}
+	}
+	c.ages[gid] = ms
 }
 
 // SetLeader sets the controller group's leader id (0: no leader: Status
@@ -333,7 +345,11 @@ func (c *fakeController) Status(_ context.Context) (*shardkvpb.ClusterStatus, er
 		st.Controller = &shardkvpb.MemberStatus{Id: c.leader, Role: "leader", Leader: c.leader}
 	}
 	for _, r := range c.reports {
-		st.Groups = append(st.Groups, &shardkvpb.GroupStatus{Report: proto.Clone(r).(*shardkvpb.GroupReport), AgeMs: 100})
+		age, ok := c.ages[r.Gid]
+		if !ok {
+			age = 100
+		}
+		st.Groups = append(st.Groups, &shardkvpb.GroupStatus{Report: proto.Clone(r).(*shardkvpb.GroupReport), AgeMs: age})
 	}
 	return st, nil
 }

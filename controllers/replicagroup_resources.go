@@ -110,7 +110,7 @@ func (r *ReplicaGroupReconciler) image(rg *shardkvv1.ReplicaGroup) string {
 func nodeArgs(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, gid uint64, bootstrap int) []string {
 	ns := rg.Namespace
 	self := fmt.Sprintf("$(POD_NAME).%s.%s.svc", rg.Name, ns)
-	return []string{
+	args := []string{
 		"serve",
 		"--role=group",
 		fmt.Sprintf("--group=%d", gid),
@@ -124,6 +124,13 @@ func nodeArgs(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, gid uint64, bo
 		fmt.Sprintf("--resp-advertise=%s:%d", self, RESPPort),
 		fmt.Sprintf("--http=0.0.0.0:%d", HTTPPort),
 	}
+	// The ShardMap's copy rate limit, per group. 0 (unlimited, node's
+	// default) passes no flag, so the pods of clusters that set none keep
+	// their template (and are not rolled by an operator upgrade).
+	if n := sm.Spec.Migration.RateBytesPerSecond; n > 0 {
+		args = append(args, fmt.Sprintf("--migrate-bytes-per-sec=%d", n))
+	}
+	return args
 }
 
 // podTemplate is the pod of every replica.

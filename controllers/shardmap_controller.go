@@ -57,16 +57,21 @@ const (
 	ReasonGroupsCatchingUp           = "GroupsCatchingUp"
 	ReasonShardsMoving               = "ShardsMoving"
 	ReasonNoMigrations               = "NoMigrations"
-	ReasonPaused                     = "Paused"
-	ReasonUpToDate                   = "UpToDate"
-	ReasonApplyingMoves              = "ApplyingMoves"
-	ReasonWaitingForMoves            = "WaitingForMoves"
-	ReasonRollingPods                = "RollingPods"
-	ReasonWaitingToRoll              = "WaitingToRoll"
-	ReasonObjectsUpdated             = "ObjectsUpdated"
-	ReasonConflict                   = "NameConflict"
-	ReasonResizeUnsupported          = "ControllerResizeUnsupported"
-	ReasonStorageImmutable           = "StorageImmutable"
+	// Migrating True while moves wait on a group: it does not report
+	// (none, or none for 10s), or it applied the config announcing a move
+	// to it but has not started copying.
+	ReasonGroupNotReporting = "GroupNotReporting"
+	ReasonWaitingForTarget  = "WaitingForTarget"
+	ReasonPaused            = "Paused"
+	ReasonUpToDate          = "UpToDate"
+	ReasonApplyingMoves     = "ApplyingMoves"
+	ReasonWaitingForMoves   = "WaitingForMoves"
+	ReasonRollingPods       = "RollingPods"
+	ReasonWaitingToRoll     = "WaitingToRoll"
+	ReasonObjectsUpdated    = "ObjectsUpdated"
+	ReasonConflict          = "NameConflict"
+	ReasonResizeUnsupported = "ControllerResizeUnsupported"
+	ReasonStorageImmutable  = "StorageImmutable"
 )
 
 // ShardMapReconciler reconciles ShardMaps.
@@ -89,8 +94,12 @@ type ShardMapReconciler struct {
 	// CallTimeout bounds each data-plane call (default 5s).
 	CallTimeout time.Duration
 
+	// now is the clock of the migrations' rate estimates (nil: time.Now).
+	now func() time.Time
+
 	mu      sync.Mutex
 	watches map[types.NamespacedName]*configWatch
+	rates   map[types.NamespacedName]map[string]rateSample // shardmap_rates.go
 	wake    chan event.GenericEvent
 	baseCtx context.Context
 }
@@ -189,6 +198,7 @@ func (r *ShardMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	if err := r.Get(ctx, req.NamespacedName, sm); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.stopWatch(req.NamespacedName)
+			r.forgetRates(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err
@@ -196,6 +206,7 @@ func (r *ShardMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	if !sm.DeletionTimestamp.IsZero() {
 		// The owned objects go with it (owner references).
 		r.stopWatch(req.NamespacedName)
+		r.forgetRates(req.NamespacedName)
 		return ctrl.Result{}, nil
 	}
 	orig := sm.Status.DeepCopy()
@@ -216,7 +227,11 @@ func (r *ShardMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		}
 	}
 
-	settled := fillStatus(sm, o)
+	settled, waits := fillStatus(sm, o)
+	if o.Cluster != nil {
+		r.estimateRates(req.NamespacedName, sm.Status.Migrations)
+	}
+	r.migrationWaitEvents(sm, orig, waits)
 	progress := r.setConditions(sm, o, pl, out.Progress)
 	res := ctrl.Result{RequeueAfter: r.idleResync()}
 	if !settled || o.Cluster == nil || progress.Status == metav1.ConditionTrue {

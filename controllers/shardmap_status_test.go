@@ -38,8 +38,8 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("table\n got %+v\nwant %+v", s.table, wantTable)
 	}
 	wantMig := []shardkvv1.Migration{
-		{Source: "a", Target: "c", Shards: 1, Keys: 5, TotalKeys: 10, Progress: "50%"},
-		{Source: "b", Target: "c", Shards: 1},
+		{Source: "a", Target: "c", Shards: 1, Phase: "CuttingOver", Keys: 5, TotalKeys: 10, Progress: "50%"},
+		{Source: "b", Target: "c", Shards: 1, Phase: "Finishing"},
 	}
 	if !slices.Equal(s.migrations, wantMig) || s.migrating != 2 {
 		t.Errorf("migrations %+v (%d), want %+v", s.migrations, s.migrating, wantMig)
@@ -56,9 +56,9 @@ func TestSummarize(t *testing.T) {
 	prev := &shardkvpb.Config{Num: 4, Shards: []uint64{0, 1, 1, 2, 1, 1, 3, 2}}
 	s = summarize(st, prev, name)
 	wantMig = []shardkvv1.Migration{
-		{Source: "a", Target: "b", Shards: 1},
-		{Source: "a", Target: "c", Shards: 1, Keys: 5, TotalKeys: 10, Progress: "50%"},
-		{Source: "b", Target: "c", Shards: 1},
+		{Source: "a", Target: "b", Shards: 1, Phase: "CuttingOver"},
+		{Source: "a", Target: "c", Shards: 1, Phase: "CuttingOver", Keys: 5, TotalKeys: 10, Progress: "50%"},
+		{Source: "b", Target: "c", Shards: 1, Phase: "Finishing"},
 	}
 	if !slices.Equal(s.migrations, wantMig) || s.migrating != 3 {
 		t.Errorf("with prev: migrations %+v (%d), want %+v", s.migrations, s.migrating, wantMig)
@@ -131,7 +131,7 @@ func TestShardMapStatusFromController(t *testing.T) {
 	if sm.Status.ShardStates["Serving"] != 6 || sm.Status.ShardStates["Pulling"] != 2 || len(sm.Status.ShardStates) != 2 {
 		t.Errorf("shardStates %v", sm.Status.ShardStates)
 	}
-	wantMig := []shardkvv1.Migration{{Source: "a", Target: "b", Shards: 2, Keys: 50, TotalKeys: 200, Progress: "25%"}}
+	wantMig := []shardkvv1.Migration{{Source: "a", Target: "b", Shards: 2, Phase: "CuttingOver", Keys: 50, TotalKeys: 200, Progress: "25%"}}
 	if !slices.Equal(sm.Status.Migrations, wantMig) {
 		t.Errorf("migrations %+v, want %+v", sm.Status.Migrations, wantMig)
 	}
@@ -202,7 +202,7 @@ func TestShardMapStatusFromController(t *testing.T) {
 	if last := sm.Status.Table[len(sm.Status.Table)-1]; last != (shardkvv1.ShardRange{First: 6, Last: 7, Group: "gid-9", GroupID: 9, State: "Pending"}) {
 		t.Errorf("last range %+v", last)
 	}
-	if want := []shardkvv1.Migration{{Source: "b", Target: "gid-9", Shards: 2}}; !slices.Equal(sm.Status.Migrations, want) {
+	if want := []shardkvv1.Migration{{Source: "b", Target: "gid-9", Shards: 2, Phase: "CuttingOver"}}; !slices.Equal(sm.Status.Migrations, want) {
 		t.Errorf("migrations %+v, want %+v", sm.Status.Migrations, want)
 	}
 	if sm.Status.NextGroupID != 10 {

@@ -172,7 +172,7 @@ func TestCRDPrinterColumns(t *testing.T) {
 	requireEnvtest(t)
 	ctx := context.Background()
 	want := map[string][]string{
-		"shardmaps.shardkv.io":     {"Config", "Groups", "Shards", "Migrating", "Ready", "Age"},
+		"shardmaps.shardkv.io":     {"Config", "Groups", "Shards", "Migrating", "Ready", "Migrate-Rate", "Age"},
 		"replicagroups.shardkv.io": {"GID", "Phase", "Replicas", "Ready", "Shards", "Leader", "Age"},
 	}
 	for name, cols := range want {

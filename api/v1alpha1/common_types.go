@@ -41,7 +41,8 @@ type ShardRange struct {
 	// +optional
 	GroupID int64 `json:"groupID,omitempty"`
 	// State of the shards on their owner: Serving, Pulling, Acking, or
-	// Unknown when the owner has not reported yet.
+	// Unknown when the owner has not reported yet; PreCopying while the
+	// owner serves them and the target of a planned move copies them.
 	// +optional
 	State string `json:"state,omitempty"`
 }

@@ -38,10 +38,27 @@ type ShardMapSpec struct {
 	// +optional
 	Moves []ShardMove `json:"moves,omitempty"`
 
+	// Migration tunes how shards are copied between groups.
+	// +optional
+	Migration MigrationSpec `json:"migration,omitempty"`
+
 	// Paused stops the operator from changing anything of this cluster
 	// (its ReplicaGroups included); status is still updated.
 	// +optional
 	Paused bool `json:"paused,omitempty"`
+}
+
+// MigrationSpec tunes live shard migration.
+type MigrationSpec struct {
+	// RateBytesPerSecond caps how fast each data group copies the shards
+	// it pulls (the pre-copy snapshot, the deltas and the last copy after
+	// the cut-over), in bytes per second per group: every data-group pod
+	// runs `node serve --migrate-bytes-per-sec=<n>`. 0 (the default) is
+	// unlimited and passes no flag. Changing it rolls the data groups'
+	// pods one at a time, like any pod template change.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	RateBytesPerSecond int64 `json:"rateBytesPerSecond,omitempty"`
 }
 
 // ControllerSpec is the shard controller's Raft group.
@@ -119,21 +136,89 @@ type GroupRef struct {
 	GroupID int64  `json:"groupID"`
 	// +optional
 	Shards int32 `json:"shards,omitempty"`
+	// Leaving: the group left the cluster but still owns shards whose
+	// planned moves have not cut over yet.
+	// +optional
+	Leaving bool `json:"leaving,omitempty"`
+	// MigrateBytesPerSec is the copy rate limit the group reports running
+	// with (its --migrate-bytes-per-sec; 0: unlimited).
+	// +optional
+	MigrateBytesPerSec int64 `json:"migrateBytesPerSec,omitempty"`
+	// LastWritePause is the write pause of the latest move into this
+	// group (of the shards it reports one for, the one of the latest
+	// config; ties: the longest), as a duration, e.g. "1.5ms": from the
+	// source's cut-over to this group serving the shard. Kept after the
+	// move ends.
+	// +optional
+	LastWritePause string `json:"lastWritePause,omitempty"`
 }
+
+// Phases of a migration, in order.
+const (
+	// MigrationAnnounced: the config plans the move but the target has
+	// not started copying.
+	MigrationAnnounced = "Announced"
+	// MigrationPreCopying: the target copies the shard (copyPhase snapshot,
+	// then delta) while the source still serves it.
+	MigrationPreCopying = "PreCopying"
+	// MigrationCuttingOver: the config gave the shard to the target, which
+	// pulls what is left (Pulling), or has not reached that config yet;
+	// writes to the shard wait.
+	MigrationCuttingOver = "CuttingOver"
+	// MigrationFinishing: the target serves the shard; the two groups
+	// acknowledge and the source deletes its copy (Acking, GCing).
+	MigrationFinishing = "Finishing"
+)
 
 // Migration is shards moving from one group to another.
 type Migration struct {
 	Source string `json:"source"`
 	Target string `json:"target"`
 	Shards int32  `json:"shards"`
+	// Phase is the least advanced phase of these shards: Announced,
+	// PreCopying, CuttingOver or Finishing.
+	// +kubebuilder:validation:Enum=Announced;PreCopying;CuttingOver;Finishing
+	// +optional
+	Phase string `json:"phase,omitempty"`
+	// CopyPhase is the copy's sub-phase while pre-copying: snapshot while
+	// any shard still copies its snapshot, else delta.
+	// +optional
+	CopyPhase string `json:"copyPhase,omitempty"`
+	// CaughtUpShards counts the shards whose copy reached the source's end
+	// in its last round of changes (ready to cut over).
+	// +optional
+	CaughtUpShards int32 `json:"caughtUpShards,omitempty"`
 	// Keys copied so far and in all, over these shards.
 	// +optional
 	Keys int64 `json:"keys,omitempty"`
 	// +optional
 	TotalKeys int64 `json:"totalKeys,omitempty"`
-	// Progress is keys/totalKeys as a percentage, e.g. "42%".
+	// Bytes copied so far and in all (the source's size of the shards'
+	// records), over these shards.
+	// +optional
+	Bytes int64 `json:"bytes,omitempty"`
+	// +optional
+	TotalBytes int64 `json:"totalBytes,omitempty"`
+	// Progress is keys/totalKeys as a percentage, e.g. "42%"
+	// (bytes/totalBytes when no key total is known).
 	// +optional
 	Progress string `json:"progress,omitempty"`
+	// LagEntries is how many of the source's log entries the copy is
+	// behind: the largest over these shards.
+	// +optional
+	LagEntries int64 `json:"lagEntries,omitempty"`
+	// BytesPerSecond is the copy rate the operator saw between two
+	// observations at least 5s apart (absent until it has two).
+	// +optional
+	BytesPerSecond int64 `json:"bytesPerSecond,omitempty"`
+	// EstimatedTimeLeft is (totalBytes-bytes)/bytesPerSecond, e.g. "1m30s",
+	// while bytes are left to copy and the rate is known.
+	// +optional
+	EstimatedTimeLeft string `json:"estimatedTimeLeft,omitempty"`
+	// LastWritePause is the longest write pause of these shards that have
+	// cut over, e.g. "1.5ms" (after the move, see groups[].lastWritePause).
+	// +optional
+	LastWritePause string `json:"lastWritePause,omitempty"`
 }
 
 // +kubebuilder:object:root=true
@@ -144,6 +229,7 @@ type Migration struct {
 // +kubebuilder:printcolumn:name="Shards",type=integer,JSONPath=`.spec.shards`
 // +kubebuilder:printcolumn:name="Migrating",type=integer,JSONPath=`.status.migratingShards`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Migrate-Rate",type=integer,JSONPath=`.spec.migration.rateBytesPerSecond`,priority=1,description="copy rate limit per group, bytes/s (empty: unlimited)"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
 // ShardMap is a shardkv cluster: its controller group and shard table.
