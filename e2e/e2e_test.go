@@ -94,6 +94,18 @@ func TestE2E(t *testing.T) {
 		if !slices.ContainsFunc(seen, func(m string) bool { return strings.Contains(m, "->demo-d ") }) {
 			t.Errorf("status.migrations never listed the migration to demo-d")
 		}
+		// The sample's copy rate limit (512 KiB/s per group) makes the
+		// copy to demo-d last seconds: its progress is seen mid-way.
+		if !slices.ContainsFunc(seen, func(m string) bool {
+			var pct int
+			i := strings.Index(m, `progress="`)
+			return strings.Contains(m, "->demo-d ") && i >= 0 && func() bool {
+				_, err := fmt.Sscanf(m[i+len(`progress="`):], "%d%%", &pct)
+				return err == nil
+			}() && pct > 0 && pct < 100
+		}) {
+			t.Errorf("status.migrations never showed the copy to demo-d between 0 and 100%%")
+		}
 		for _, g := range []string{"demo-a", "demo-b", "demo-c", "demo-d"} {
 			if n := e.group(t, g).Status.Shards.Count; n != 16 {
 				t.Errorf("%s holds %d shards, want 16 of 64 over 4 groups", g, n)

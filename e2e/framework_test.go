@@ -388,8 +388,8 @@ func (e *env) watchMigrations(t *testing.T, name string) func() []string {
 				continue
 			}
 			for _, m := range s.Status.Migrations {
-				seen = append(seen, fmt.Sprintf("config %d: %s->%s shards=%d keys=%d/%d progress=%q",
-					s.Status.ConfigNum, m.Source, m.Target, m.Shards, m.Keys, m.TotalKeys, m.Progress))
+				seen = append(seen, fmt.Sprintf("config %d: %s->%s shards=%d phase=%s/%s keys=%d/%d progress=%q",
+					s.Status.ConfigNum, m.Source, m.Target, m.Shards, m.Phase, m.CopyPhase, m.Keys, m.TotalKeys, m.Progress))
 			}
 		}
 		done <- slices.Compact(seen)
