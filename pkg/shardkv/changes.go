@@ -42,16 +42,12 @@ func (sm *StateMachine) StreamChanges(s int, cursor []byte, frozen bool, frozeAt
 	}
 	txn := sm.store.DB().NewTransaction(false)
 	defer txn.Discard()
-	now, err := logTime(txn)
-	if err != nil {
-		return err
-	}
-	index, err := raftgroup.LoadApplied(txn, keyApplied)
+	view, err := chunkView(txn)
 	if err != nil {
 		return err
 	}
 	newChunk := func(from []byte) *shardkvpb.ShardChunk {
-		return &shardkvpb.ShardChunk{LogTimeNs: now, SourceIndex: index, NextCursor: from, FrozeAtNs: frozeAt}
+		return &shardkvpb.ShardChunk{LogTimeNs: view.LogTimeNs, SourceIndex: view.SourceIndex, NextCursor: from, FrozeAtNs: frozeAt}
 	}
 	chunk, size := newChunk(cursor), 0
 	seen := map[string]bool{}
@@ -114,6 +110,22 @@ func (sm *StateMachine) StreamChanges(s int, cursor []byte, frozen bool, frozeAt
 	}
 	chunk.Last = true
 	return send(chunk)
+}
+
+// chunkView is what every chunk of a stream says of the view it was read
+// from: its applied index (where rounds of changes start) and its log clock,
+// which travels with the shard (docs/time.md): the source judged the
+// records at it.
+func chunkView(txn *badger.Txn) (*shardkvpb.ShardChunk, error) {
+	now, err := logTime(txn)
+	if err != nil {
+		return nil, err
+	}
+	index, err := raftgroup.LoadApplied(txn, keyApplied)
+	if err != nil {
+		return nil, err
+	}
+	return &shardkvpb.ShardChunk{LogTimeNs: now, SourceIndex: index}, nil
 }
 
 var errDeltaTooLarge = errors.New("a round's chunk does not fit one transaction")

@@ -130,7 +130,28 @@ func TestLinearizabilityReconfig(t *testing.T) {
 	// final reads join the history.
 	w.Faults.Set(0, 0, 0)
 	last := w.WaitSettled(60 * time.Second)
-	fc := w.Client()
+	t.Logf("configs %d -> %d", first.Num, last.Num)
+	st := slinFinalCheck(t, w.Client(), rec, notes)
+
+	if n := st.OKGets + st.OKWrites; n < slinMinOK {
+		t.Errorf("only %d operations succeeded, want at least %d", n, slinMinOK)
+	}
+	if n := st.OKGets; n < slinMinReads {
+		t.Errorf("only %d reads succeeded, want at least %d", n, slinMinReads)
+	}
+	if n := st.OKWrites; n < slinMinWrites {
+		t.Errorf("only %d writes succeeded, want at least %d", n, slinMinWrites)
+	}
+	if len(changes) < slinMinConfigs {
+		t.Errorf("only %d reconfigurations during the run, want at least %d", len(changes), slinMinConfigs)
+	}
+}
+
+// slinFinalCheck reads every key once more (the reads join the history),
+// then checks the history with porcupine; a history that is not
+// linearizable, or whose check timed out, fails the test.
+func slinFinalCheck(t *testing.T, fc *client.Client, rec *kvcheck.Recorder, notes []kvcheck.Note) kvcheck.Stats {
+	t.Helper()
 	for _, k := range slinKeys {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		op := rec.Start(slinClients, kvcheck.Get, k, "")
@@ -143,9 +164,8 @@ func TestLinearizabilityReconfig(t *testing.T) {
 	}
 	hist := rec.History()
 	st := hist.Stats
-	t.Logf("history: %d operations: %d reads ok, %d writes ok, %d writes with unknown outcome, %d reads failed; configs %d -> %d",
-		len(hist.Ops), st.OKGets, st.OKWrites, st.Unknown, st.FailedGets, first.Num, last.Num)
-
+	t.Logf("history: %d operations: %d reads ok, %d writes ok, %d writes with unknown outcome, %d reads failed",
+		len(hist.Ops), st.OKGets, st.OKWrites, st.Unknown, st.FailedGets)
 	res, err := kvcheck.Check(hist.Ops, slinCheckLimit)
 	if err != nil {
 		t.Fatalf("check: %v", err)
@@ -160,19 +180,7 @@ func TestLinearizabilityReconfig(t *testing.T) {
 			t.Fatalf("linearizability check timed out after %v (result unknown, treated as a failure); visualisation: %s", slinCheckLimit, viz)
 		}
 	}
-
-	if n := st.OKGets + st.OKWrites; n < slinMinOK {
-		t.Errorf("only %d operations succeeded, want at least %d", n, slinMinOK)
-	}
-	if n := st.OKGets; n < slinMinReads {
-		t.Errorf("only %d reads succeeded, want at least %d", n, slinMinReads)
-	}
-	if n := st.OKWrites; n < slinMinWrites {
-		t.Errorf("only %d writes succeeded, want at least %d", n, slinMinWrites)
-	}
-	if len(changes) < slinMinConfigs {
-		t.Errorf("only %d reconfigurations during the run, want at least %d", len(changes), slinMinConfigs)
-	}
+	return st
 }
 
 func slinVisualize(t *testing.T, res kvcheck.Result, notes []kvcheck.Note) string {

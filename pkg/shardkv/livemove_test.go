@@ -397,29 +397,7 @@ func TestLinearizabilityLiveMoves(t *testing.T) {
 
 	w.Faults.Set(0, 0, 0)
 	w.WaitSettled(60 * time.Second)
-	for _, k := range slinKeys {
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		op := rec.Start(slinClients, kvcheck.Get, k, "")
-		v, _, err := fc.Get(ctx, k)
-		cancel()
-		if err != nil {
-			t.Fatalf("final read of %s: %v", k, err)
-		}
-		op.Ok(v)
-	}
-	hist := rec.History()
-	st := hist.Stats
-	t.Logf("history: %d operations: %d reads ok, %d writes ok, %d writes with unknown outcome, %d reads failed",
-		len(hist.Ops), st.OKGets, st.OKWrites, st.Unknown, st.FailedGets)
-	res, err := kvcheck.Check(hist.Ops, slinCheckLimit)
-	if err != nil {
-		t.Fatalf("check: %v", err)
-	}
-	t.Logf("porcupine: %s", res)
-	if !res.Linearizable {
-		viz := slinVisualize(t, res, notes)
-		t.Fatalf("history is not linearizable (%v); visualisation: %s", res.CheckResult, viz)
-	}
+	st := slinFinalCheck(t, fc, rec, notes)
 	if len(events) < 3 {
 		t.Errorf("only %d moves during the run", len(events))
 	}

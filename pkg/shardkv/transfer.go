@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	"github.com/dgraph-io/badger/v4"
-	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -78,18 +77,12 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 		totalBytes += uint64(len(kit.Item().Key())) + uint64(kit.Item().ValueSize())
 	}
 	kit.Close()
-	// The log clock travels with the shard (docs/time.md): the source
-	// judged the records at it.
-	now, err := logTime(txn)
-	if err != nil {
-		return err
-	}
-	index, err := raftgroup.LoadApplied(txn, keyApplied)
+	view, err := chunkView(txn)
 	if err != nil {
 		return err
 	}
 	newChunk := func() *shardkvpb.ShardChunk {
-		return &shardkvpb.ShardChunk{TotalKeys: total, TotalBytes: totalBytes, LogTimeNs: now, SourceIndex: index}
+		return &shardkvpb.ShardChunk{TotalKeys: total, TotalBytes: totalBytes, LogTimeNs: view.LogTimeNs, SourceIndex: view.SourceIndex}
 	}
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, PrefetchSize: 256})
 	defer it.Close()
