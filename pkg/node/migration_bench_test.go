@@ -656,9 +656,9 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 		lastB                          *shardkvpb.ShardState
 		// The snapshot's copy rate: B's copied bytes at its first and
 		// last observation in the snapshot phase.
-		snapT0, snapT1 time.Time
-		snapB0, snapB1 uint64
-		statesA, statesB               []string
+		snapT0, snapT1   time.Time
+		snapB0, snapB1   uint64
+		statesA, statesB []string
 	)
 	note := func(list *[]string, s string) {
 		if n := len(*list); n == 0 || (*list)[n-1] != s {

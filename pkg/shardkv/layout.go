@@ -209,7 +209,9 @@ type ShardMeta struct {
 func (m ShardMeta) copying() bool { return m.State == PreCopying || m.State == Pulling }
 
 // tracking reports whether writes to the shard go to the change index.
-func (m ShardMeta) tracking() bool { return m.TrackFrom != 0 && (m.State == Serving || m.State == BePulling) }
+func (m ShardMeta) tracking() bool {
+	return m.TrackFrom != 0 && (m.State == Serving || m.State == BePulling)
+}
 
 func (m ShardMeta) String() string {
 	if m.State == NotOwned {

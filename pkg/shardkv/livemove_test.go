@@ -360,7 +360,10 @@ func TestLinearizabilityLiveMoves(t *testing.T) {
 		what := "none"
 		switch round % 5 {
 		case 0: // kill the target's leader mid-snapshot
-			if waitFor(t, 10*time.Second, "", func() bool { m := shardState(w, dst, s); return m.State == shardkv.PreCopying && !m.Delta && m.Keys > 0 }) {
+			if waitFor(t, 10*time.Second, "", func() bool {
+				m := shardState(w, dst, s)
+				return m.State == shardkv.PreCopying && !m.Delta && m.Keys > 0
+			}) {
 				what = "mid-snapshot: " + crash(dst)
 			}
 		case 1: // kill the source's leader during the rounds of changes
