@@ -93,7 +93,8 @@ func TestStatusShowsPlannedMoves(t *testing.T) {
 		},
 		Migrations: []migrationJSON{{Shard: 5, GID: 3, State: "PreCopying", Source: 1, Target: 3, ConfigNum: 12, Keys: 10, TotalKeys: 20, Bytes: 1024, TotalBytes: 2048, Phase: "snapshot", LagEntries: 7}},
 		PlannedMoves: []plannedStatusJSON{
-			{Shard: 5, FromGID: 1, ToGID: 3, SinceConfig: 12, TargetState: "PreCopying", Phase: "snapshot", Keys: 10, TotalKeys: 20, Bytes: 1024, TotalBytes: 2048, LagEntries: 7},
+			{Shard: 5, FromGID: 1, ToGID: 3, SinceConfig: 12, TargetState: "PreCopying", Phase: "snapshot", Keys: 10, TotalKeys: 20, Bytes: 1024, TotalBytes: 2048, LagEntries: 7,
+				BytesPerSec: 512, EtaSeconds: 2},
 			{Shard: 6, FromGID: 1, ToGID: 3, SinceConfig: 12},
 		},
 	}
@@ -107,6 +108,7 @@ func TestStatusShowsPlannedMoves(t *testing.T) {
 		"PreCopying=1",
 		"PLANNED MOVES",
 		"snapshot: 10 of 20 keys, 1.0 KiB of 2.0 KiB copied, lag 7 entries",
+		"lag 7 entries, 512 B/s, about 2s left",
 		"not started",
 		"not settled: 1 shard states in motion, 2 moves planned, config 12",
 	} {

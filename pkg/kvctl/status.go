@@ -44,6 +44,9 @@ type plannedStatusJSON struct {
 	LagEntries   uint64 `json:"lag_entries"`
 	CaughtUp     bool   `json:"caught_up"`
 	WritePauseUs uint64 `json:"write_pause_us"`
+	// The copy's measured rate and the snapshot's time left at it (0: unknown).
+	BytesPerSec uint64 `json:"copy_bytes_per_sec"`
+	EtaSeconds  uint64 `json:"eta_seconds"`
 }
 
 type controllerJSON struct {
@@ -98,6 +101,9 @@ type migrationJSON struct {
 	LagEntries   uint64 `json:"lag_entries"`
 	CaughtUp     bool   `json:"caught_up"`
 	WritePauseUs uint64 `json:"write_pause_us"`
+	// The copy's measured rate and the snapshot's time left at it (0: unknown).
+	BytesPerSec uint64 `json:"copy_bytes_per_sec"`
+	EtaSeconds  uint64 `json:"eta_seconds"`
 }
 
 func cmdStatus(k *kvctl, args []string) error {
@@ -181,6 +187,7 @@ func (k *kvctl) buildStatus(ctx context.Context, st *shardkvpb.ClusterStatus) *s
 		if s := shardOf(m.ToGid, m.Shard); s != nil && s.State != "Serving" {
 			p.TargetState, p.Phase, p.Keys, p.TotalKeys, p.Bytes, p.TotalBytes = s.State, s.Phase, s.Keys, s.TotalKeys, s.Bytes, s.TotalBytes
 			p.LagEntries, p.CaughtUp, p.WritePauseUs = s.LagEntries, s.CaughtUp, s.WritePauseUs
+			p.BytesPerSec, p.EtaSeconds = s.CopyBytesPerSec, s.EtaSeconds
 		}
 		out.PlannedMoves = append(out.PlannedMoves, p)
 	}
@@ -194,7 +201,8 @@ func (k *kvctl) buildStatus(ctx context.Context, st *shardkvpb.ClusterStatus) *s
 			}
 			out.Settled = false
 			m := migrationJSON{Shard: s.Shard, GID: g.GID, State: s.State, ConfigNum: s.ConfigNum, Keys: s.Keys, Bytes: s.Bytes, TotalKeys: s.TotalKeys,
-				Phase: s.Phase, TotalBytes: s.TotalBytes, LagEntries: s.LagEntries, CaughtUp: s.CaughtUp, WritePauseUs: s.WritePauseUs}
+				Phase: s.Phase, TotalBytes: s.TotalBytes, LagEntries: s.LagEntries, CaughtUp: s.CaughtUp, WritePauseUs: s.WritePauseUs,
+				BytesPerSec: s.CopyBytesPerSec, EtaSeconds: s.EtaSeconds}
 			switch s.State {
 			case "PreCopying", "Pulling", "Acking": // the new owner, or the planned one
 				m.Source, m.Target = s.PeerGid, g.GID
@@ -309,11 +317,19 @@ func statesText(m map[string]int) string {
 }
 
 // preCopyText is a pre-copy's progress: "snapshot: 1200 of 5000 keys,
-// 1.2 MiB of 4.8 MiB copied, lag 340 entries" (", caught up").
-func preCopyText(phase string, keys, totalKeys, bytes, totalBytes, lag uint64, caughtUp bool) string {
+// 1.2 MiB of 4.8 MiB copied, lag 340 entries" (", caught up"), then the
+// measured rate and the snapshot's time left, when known (", 1.5 MiB/s,
+// about 3s left").
+func preCopyText(phase string, keys, totalKeys, bytes, totalBytes, lag uint64, caughtUp bool, rate, eta uint64) string {
 	s := fmt.Sprintf("%s: %s, lag %d entries", orDash(phase), copyProgress(keys, totalKeys, bytes, totalBytes, "copied"), lag)
 	if caughtUp {
 		s += ", caught up"
+	}
+	if rate > 0 {
+		s += ", " + humanBytes(rate) + "/s"
+	}
+	if eta > 0 {
+		s += fmt.Sprintf(", about %s left", time.Duration(eta)*time.Second)
 	}
 	return s
 }
@@ -402,7 +418,7 @@ func (k *kvctl) printStatus(s *statusJSON) error {
 			progress := "-"
 			switch m.State {
 			case "PreCopying":
-				progress = preCopyText(m.Phase, m.Keys, m.TotalKeys, m.Bytes, m.TotalBytes, m.LagEntries, m.CaughtUp)
+				progress = preCopyText(m.Phase, m.Keys, m.TotalKeys, m.Bytes, m.TotalBytes, m.LagEntries, m.CaughtUp, m.BytesPerSec, m.EtaSeconds)
 			case "Pulling":
 				progress = fmt.Sprintf("%d keys, %s received", m.Keys, humanBytes(m.Bytes))
 				if m.TotalKeys > 0 {
@@ -438,7 +454,7 @@ func (k *kvctl) printStatus(s *statusJSON) error {
 				state = p.TargetState
 			}
 			if p.TargetState == "PreCopying" {
-				progress = preCopyText(p.Phase, p.Keys, p.TotalKeys, p.Bytes, p.TotalBytes, p.LagEntries, p.CaughtUp)
+				progress = preCopyText(p.Phase, p.Keys, p.TotalKeys, p.Bytes, p.TotalBytes, p.LagEntries, p.CaughtUp, p.BytesPerSec, p.EtaSeconds)
 			}
 			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\n", p.Shard, p.FromGID, p.ToGID, p.SinceConfig, state, progress)
 		}

@@ -66,7 +66,8 @@ type Group struct {
 	pool  *grpcdial.Pool   // connections to other groups' replicas
 	peers *grpcdial.Caller // leader-first calls to a group, by gid
 
-	copyRate *copyThrottle // nil: no copy rate limit
+	copyRate  *copyThrottle // nil: no copy rate limit
+	copyRates copyRates     // measured copy rates, for status
 
 	knownMu sync.Mutex
 	known   map[uint64]*shardkvpb.Config // configs from the controller, ahead of ours

@@ -780,9 +780,14 @@ type ShardState struct {
 	// shard, in microseconds of log time.
 	WritePauseUs uint64 `protobuf:"varint,11,opt,name=write_pause_us,json=writePauseUs,proto3" json:"write_pause_us,omitempty"`
 	// Bytes of the shard's records the source reported (snapshot phase).
-	TotalBytes    uint64 `protobuf:"varint,12,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TotalBytes uint64 `protobuf:"varint,12,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// A copy's rate as its group's leader measured it between reports
+	// (bytes/s), and the time its snapshot needs at that rate (seconds; 0
+	// once in the delta phase or unknown).
+	CopyBytesPerSec uint64 `protobuf:"varint,13,opt,name=copy_bytes_per_sec,json=copyBytesPerSec,proto3" json:"copy_bytes_per_sec,omitempty"`
+	EtaSeconds      uint64 `protobuf:"varint,14,opt,name=eta_seconds,json=etaSeconds,proto3" json:"eta_seconds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ShardState) Reset() {
@@ -895,6 +900,20 @@ func (x *ShardState) GetWritePauseUs() uint64 {
 func (x *ShardState) GetTotalBytes() uint64 {
 	if x != nil {
 		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *ShardState) GetCopyBytesPerSec() uint64 {
+	if x != nil {
+		return x.CopyBytesPerSec
+	}
+	return 0
+}
+
+func (x *ShardState) GetEtaSeconds() uint64 {
+	if x != nil {
+		return x.EtaSeconds
 	}
 	return 0
 }
@@ -1279,7 +1298,7 @@ const file_ctrler_proto_rawDesc = "" +
 	"\fQueryRequest\x12\x10\n" +
 	"\x03num\x18\x01 \x01(\x03R\x03num\"\"\n" +
 	"\fWatchRequest\x12\x12\n" +
-	"\x04from\x18\x01 \x01(\x04R\x04from\"\xd6\x02\n" +
+	"\x04from\x18\x01 \x01(\x04R\x04from\"\xa4\x03\n" +
 	"\n" +
 	"ShardState\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x14\n" +
@@ -1298,7 +1317,10 @@ const file_ctrler_proto_rawDesc = "" +
 	"lagEntries\x12$\n" +
 	"\x0ewrite_pause_us\x18\v \x01(\x04R\fwritePauseUs\x12\x1f\n" +
 	"\vtotal_bytes\x18\f \x01(\x04R\n" +
-	"totalBytes\"\xf0\x02\n" +
+	"totalBytes\x12+\n" +
+	"\x12copy_bytes_per_sec\x18\r \x01(\x04R\x0fcopyBytesPerSec\x12\x1f\n" +
+	"\veta_seconds\x18\x0e \x01(\x04R\n" +
+	"etaSeconds\"\xf0\x02\n" +
 	"\vGroupReport\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\x04R\x03gid\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\x04R\bleaderId\x12\x1f\n" +
