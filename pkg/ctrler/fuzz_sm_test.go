@@ -357,6 +357,11 @@ func (g *ctrlLogGen) client() (uint64, uint64) {
 }
 
 func (g *ctrlLogGen) entry(cmd *shardkvpb.ControllerCommand) raftgroup.Entry {
+	if request(cmd) != nil {
+		// Mostly this controller's mutations; now and then one logged by
+		// an earlier controller (no plans: owners change at once).
+		cmd.PlanMoves = g.intn(8) != 0
+	}
 	b, err := encodeCommand(cmd)
 	if err != nil {
 		panic(err)

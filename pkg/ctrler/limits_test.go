@@ -31,11 +31,11 @@ func initCmd(shards uint32, placement string) *shardkvpb.ControllerCommand {
 }
 
 func joinCmd(client, seq uint64, groups ...*shardkvpb.Group) *shardkvpb.ControllerCommand {
-	return &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Join{Join: &shardkvpb.JoinRequest{ClientId: client, Seq: seq, Groups: groups}}}
+	return &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Join{Join: &shardkvpb.JoinRequest{ClientId: client, Seq: seq, Groups: groups}}, PlanMoves: true}
 }
 
 func moveCmd(client, seq uint64, shard uint32, gid uint64) *shardkvpb.ControllerCommand {
-	return &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Move{Move: &shardkvpb.MoveRequest{ClientId: client, Seq: seq, Shard: shard, Gid: gid}}}
+	return &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Move{Move: &shardkvpb.MoveRequest{ClientId: client, Seq: seq, Shard: shard, Gid: gid}}, PlanMoves: true}
 }
 
 func grp(gid uint64, weight uint32) *shardkvpb.Group {

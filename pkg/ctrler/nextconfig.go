@@ -156,7 +156,7 @@ func nextConfig(latest *shardkvpb.Config, nshards int, strategy placement.Strate
 		target := assigned[i]
 		switch {
 		case target == owner: // nothing to move; a plan there is cancelled
-		case owner == 0, i == stopAndCopy: // nothing to copy, or no pre-copy asked
+		case owner == 0, i == stopAndCopy, !cmd.GetPlanMoves(): // nothing to copy, no pre-copy asked, or logged before plans
 			next.Shards[i] = target
 		default:
 			since := next.Num

@@ -1,6 +1,7 @@
 package ctrler
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,11 +33,11 @@ func joinOf(gids ...uint64) *shardkvpb.ControllerCommand {
 }
 
 func leaveOf(gids ...uint64) *shardkvpb.ControllerCommand {
-	return &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Leave{Leave: &shardkvpb.LeaveRequest{Gids: gids}}}
+	return &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Leave{Leave: &shardkvpb.LeaveRequest{Gids: gids}}, PlanMoves: true}
 }
 
 func moveOf(shard uint32, gid uint64, stopAndCopy bool) *shardkvpb.ControllerCommand {
-	return &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Move{Move: &shardkvpb.MoveRequest{Shard: shard, Gid: gid, StopAndCopy: stopAndCopy}}}
+	return &shardkvpb.ControllerCommand{Op: &shardkvpb.ControllerCommand_Move{Move: &shardkvpb.MoveRequest{Shard: shard, Gid: gid, StopAndCopy: stopAndCopy}}, PlanMoves: true}
 }
 
 func cutOf(ms ...*shardkvpb.PlannedMove) *shardkvpb.ControllerCutOver {
@@ -353,5 +354,38 @@ func TestApplyCutOver(t *testing.T) {
 	wantMoves(t, res(6))
 	if _, latest := sm.Bounds(); latest != 4 {
 		t.Fatalf("latest %d", latest)
+	}
+}
+
+// TestEntriesOfEarlierControllersHandOverAtOnce: a mutation logged by a
+// controller that did not announce moves (no plan_moves) is applied as it
+// was then, so that a replica replaying it after an upgrade computes the
+// config the others stored: owners change at once, Leave removes the group.
+func TestEntriesOfEarlierControllersHandOverAtOnce(t *testing.T) {
+	c0 := &shardkvpb.Config{Num: 0, Shards: make([]uint64, 8), Placement: "balanced"}
+	c1, err := nextConfig(c0, 8, "balanced", joinOf(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := joinOf(2)
+	old.PlanMoves = false
+	c2, err := nextConfig(c1, 8, "balanced", old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c2.Moves) != 0 || !slices.Contains(c2.Shards, 2) {
+		t.Fatalf("an earlier controller's join: owners %v, moves %v; want the owners changed at once", c2.Shards, c2.Moves)
+	}
+	lv := leaveOf(1)
+	lv.PlanMoves = false
+	c3, err := nextConfig(c2, 8, "balanced", lv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c3.Moves) != 0 || slices.Contains(c3.Shards, 1) || len(c3.Groups) != 1 {
+		t.Fatalf("an earlier controller's leave: owners %v, moves %v, groups %v; want group 1 gone at once", c3.Shards, c3.Moves, c3.Groups)
+	}
+	if planned, err := nextConfig(c1, 8, "balanced", joinOf(2)); err != nil || len(planned.Moves) == 0 {
+		t.Fatalf("this controller's join: %v %v; want moves announced", planned, err)
 	}
 }

@@ -116,6 +116,7 @@ func (s *Server) mutate(ctx context.Context, cmd *shardkvpb.ControllerCommand) (
 	if err := checkRequest(cmd); err != nil {
 		return nil, grpcErr(err)
 	}
+	cmd.PlanMoves = true // this controller announces moves (see nextConfig)
 	c, err := s.propose(ctx, cmd)
 	if err != nil {
 		return nil, grpcErr(err)

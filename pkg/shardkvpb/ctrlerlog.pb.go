@@ -36,7 +36,13 @@ type ControllerCommand struct {
 	//	*ControllerCommand_Unpin
 	//	*ControllerCommand_Compact
 	//	*ControllerCommand_CutOver
-	Op            isControllerCommand_Op `protobuf_oneof:"op"`
+	Op isControllerCommand_Op `protobuf_oneof:"op"`
+	// Set by controllers that announce moves (Config.moves) before handing
+	// shards over; a mutation logged by an earlier controller, without it, is
+	// applied as it was then (owners change at once, a Leave removes the
+	// group), so that every replica, replaying old entries after an
+	// upgrade, computes the configs the others stored.
+	PlanMoves     bool `protobuf:"varint,8,opt,name=plan_moves,json=planMoves,proto3" json:"plan_moves,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -139,6 +145,13 @@ func (x *ControllerCommand) GetCutOver() *ControllerCutOver {
 		}
 	}
 	return nil
+}
+
+func (x *ControllerCommand) GetPlanMoves() bool {
+	if x != nil {
+		return x.PlanMoves
+	}
+	return false
 }
 
 type isControllerCommand_Op interface {
@@ -338,7 +351,7 @@ var File_ctrlerlog_proto protoreflect.FileDescriptor
 const file_ctrlerlog_proto_rawDesc = "" +
 	"\n" +
 	"\x0fctrlerlog.proto\x12\n" +
-	"shardkv.v1\x1a\fctrler.proto\"\x8a\x03\n" +
+	"shardkv.v1\x1a\fctrler.proto\"\xa9\x03\n" +
 	"\x11ControllerCommand\x120\n" +
 	"\x04init\x18\x01 \x01(\v2\x1a.shardkv.v1.ControllerInitH\x00R\x04init\x12-\n" +
 	"\x04join\x18\x02 \x01(\v2\x17.shardkv.v1.JoinRequestH\x00R\x04join\x120\n" +
@@ -346,7 +359,9 @@ const file_ctrlerlog_proto_rawDesc = "" +
 	"\x04move\x18\x04 \x01(\v2\x17.shardkv.v1.MoveRequestH\x00R\x04move\x120\n" +
 	"\x05unpin\x18\x05 \x01(\v2\x18.shardkv.v1.UnpinRequestH\x00R\x05unpin\x129\n" +
 	"\acompact\x18\x06 \x01(\v2\x1d.shardkv.v1.ControllerCompactH\x00R\acompact\x12:\n" +
-	"\bcut_over\x18\a \x01(\v2\x1d.shardkv.v1.ControllerCutOverH\x00R\acutOverB\x04\n" +
+	"\bcut_over\x18\a \x01(\v2\x1d.shardkv.v1.ControllerCutOverH\x00R\acutOver\x12\x1d\n" +
+	"\n" +
+	"plan_moves\x18\b \x01(\bR\tplanMovesB\x04\n" +
 	"\x02opJ\x04\b\x0f\x10\x10\"F\n" +
 	"\x0eControllerInit\x12\x16\n" +
 	"\x06shards\x18\x01 \x01(\rR\x06shards\x12\x1c\n" +
