@@ -14,7 +14,7 @@ func TestCopyThrottleBooks(t *testing.T) {
 	th := newCopyThrottle(1000) // 1000 bytes/s
 	ctx := context.Background()
 	start := time.Now()
-	th.next = start.Add(-10 * time.Second) // idle for long: credit is capped
+	th.next = start.Add(-10 * time.Second)    // idle for long: credit is capped
 	if err := th.wait(ctx, 500); err != nil { // within the 1 s credit: no wait
 		t.Fatal(err)
 	}
