@@ -244,9 +244,9 @@ const idleRoundWait = 20 * time.Millisecond
 // the rounds go on until the controller cuts over; once Pulling (the source
 // froze it), the last round carries the dedup table and ends the copy.
 func (g *Group) pull(ctx context.Context, s int, m ShardMeta) {
-	g.shardTask(ctx, s, m, func(cur ShardMeta) (bool, error) {
+	g.shardTask(ctx, s, m, func(ShardMeta) (bool, error) {
 		err := g.callGroup(ctx, m.Peer, func(cctx context.Context, cl shardkvpb.KVClient) error {
-			return g.pullRound(ctx, cctx, cl, s, m, cur)
+			return g.pullRound(ctx, cctx, cl, s, m)
 		})
 		if errors.Is(err, errIdleRound) {
 			select {
@@ -259,9 +259,18 @@ func (g *Group) pull(ctx context.Context, s int, m ShardMeta) {
 	})
 }
 
-// pullRound streams one FetchShard call: the rest of the snapshot, or one
-// round of changes from the copy's cursor.
-func (g *Group) pullRound(ctx, cctx context.Context, cl shardkvpb.KVClient, s int, m, cur ShardMeta) error {
+// pullRound streams one FetchShard call from where the log says the copy
+// stands (read afresh: callGroup retries it on another replica after an
+// attempt times out): the rest of the snapshot, or one round of changes.
+// Each entry it proposes continues from the position the previous one of
+// this stream reached; if the log is elsewhere (a duplicate, or another
+// leader's stream, got there first) the entry is refused as stale and the
+// stream starts again from the log's position.
+func (g *Group) pullRound(ctx, cctx context.Context, cl shardkvpb.KVClient, s int, m ShardMeta) error {
+	cur := g.sm.Shard(s)
+	if cur.State != m.State || cur.Config != m.Config {
+		return nil
+	}
 	precopy := m.State == PreCopying
 	req := &shardkvpb.FetchShardRequest{Shard: uint32(s), ConfigNum: m.Config, Gid: g.sm.gid, Precopy: precopy}
 	if cur.Delta {
@@ -273,6 +282,7 @@ func (g *Group) pullRound(ctx, cctx context.Context, cl shardkvpb.KVClient, s in
 	if err != nil {
 		return err
 	}
+	after, resumed, cursor := req.AfterKey, req.Resume, req.Cursor // this stream's position
 	for {
 		chunk, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -281,8 +291,7 @@ func (g *Group) pullRound(ctx, cctx context.Context, cl shardkvpb.KVClient, s in
 		if err != nil {
 			return err
 		}
-		at := g.sm.Shard(s)
-		if at.State != m.State || at.Config != m.Config {
+		if at := g.sm.Shard(s); at.State != m.State || at.Config != m.Config {
 			return nil
 		}
 		// The copy rate limit holds for everything but the last round,
@@ -293,32 +302,31 @@ func (g *Group) pullRound(ctx, cctx context.Context, cl shardkvpb.KVClient, s in
 			}
 		}
 		if req.Delta {
-			if len(chunk.Kvs) == 0 && !chunk.Last && bytes.Equal(chunk.NextCursor, at.Cursor) && chunk.CaughtUp == at.CaughtUp {
+			if len(chunk.Kvs) == 0 && !chunk.Last && bytes.Equal(chunk.NextCursor, cursor) && chunk.CaughtUp == g.sm.Shard(s).CaughtUp {
 				return errIdleRound // nothing to write down
 			}
-			if err := g.install(ctx, s, m, &shardkvpb.InsertChunk{Precopy: precopy, Delta: true, Cursor: at.Cursor, NextCursor: chunk.NextCursor,
+			if err := g.install(ctx, s, m, &shardkvpb.InsertChunk{Precopy: precopy, Delta: true, Cursor: cursor, NextCursor: chunk.NextCursor,
 				Kvs: chunk.Kvs, Last: chunk.Last, CaughtUp: chunk.CaughtUp, SourceIndex: chunk.SourceIndex, FrozeAtNs: chunk.FrozeAtNs, LogTimeNs: chunk.LogTimeNs}); err != nil {
 				return err
 			}
+			cursor = chunk.NextCursor
 			if chunk.Last {
 				g.log.Info("shard installed", "shard", s, "config", m.Config, "from", m.Peer)
 			}
 			continue
 		}
-		pieces := installPieces(chunk.Kvs, at.Resume, g.r.MaxCommandBytes())
+		pieces := installPieces(chunk.Kvs, after, g.r.MaxCommandBytes())
 		for i, kvs := range pieces {
-			if i > 0 {
-				if at = g.sm.Shard(s); at.State != m.State || at.Config != m.Config {
-					return nil
-				}
-			}
-			err := g.install(ctx, s, m, &shardkvpb.InsertChunk{Precopy: precopy, AfterKey: at.Resume, Resume: at.Resumed,
+			err := g.install(ctx, s, m, &shardkvpb.InsertChunk{Precopy: precopy, AfterKey: after, Resume: resumed,
 				Kvs: kvs, Last: chunk.Last && i == len(pieces)-1, TotalKeys: chunk.TotalKeys, TotalBytes: chunk.TotalBytes,
 				SourceIndex: chunk.SourceIndex, LogTimeNs: chunk.LogTimeNs})
 			if errors.Is(err, errChunkCut) {
 				return nil // installed up to the log's resume point: pull again from there
 			} else if err != nil {
 				return err
+			}
+			if len(kvs) > 0 {
+				after, resumed = kvs[len(kvs)-1].Key, true
 			}
 		}
 		if chunk.Last {
@@ -345,10 +353,7 @@ func (g *Group) install(ctx context.Context, s int, m ShardMeta, ins *shardkvpb.
 		return err
 	}
 	if e, ok := v.(error); ok {
-		if errors.Is(e, errStaleChunk) {
-			return nil // another round got there first: read the log's position again
-		}
-		return e
+		return e // stale: the stream starts again from the log's position
 	}
 	return nil
 }

@@ -68,15 +68,18 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 	prefix := append(shardPrefix(s), tagData)
 	txn := sm.store.DB().NewTransaction(false)
 	defer txn.Discard()
-	// Count first (keys and sizes only, cheap) so the receiver can show
-	// progress.
+	// Count first (keys and sizes only) so the receiver can show progress;
+	// only for a stream from the start: a resumed one (the copy keeps the
+	// first count) does not scan the whole shard again.
 	var total, totalBytes uint64
-	kit := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
-	for kit.Rewind(); kit.Valid(); kit.Next() {
-		total++
-		totalBytes += uint64(len(kit.Item().Key())) + uint64(kit.Item().ValueSize())
+	if !resume {
+		kit := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+		for kit.Rewind(); kit.Valid(); kit.Next() {
+			total++
+			totalBytes += uint64(len(kit.Item().Key())) + uint64(kit.Item().ValueSize())
+		}
+		kit.Close()
 	}
-	kit.Close()
 	view, err := chunkView(txn)
 	if err != nil {
 		return err
