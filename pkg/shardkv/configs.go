@@ -170,9 +170,20 @@ func stepBlockers(gid uint64, cur, next *shardkvpb.Config, meta func(int) ShardM
 		case planChanged && pn != nil && pn.ToGid == gid:
 			ok = m.State == NotOwned || (m.State == PreCopying && m.Peer == pn.FromGid)
 		}
+		// A copy or a confirmation in progress finds its peer's replicas
+		// in the current and previous configs (servers): never step to a
+		// config after which neither lists the peer (a leaving group is
+		// dropped from the config that cuts over its last shard).
+		if (m.State == Pulling || m.State == Acking || m.State == PreCopying) && m.Peer != 0 && !hasGroup(cur, m.Peer) && !hasGroup(next, m.Peer) {
+			ok = false
+		}
 		if !ok {
 			busy = append(busy, s)
 		}
 	}
 	return busy // in shard order: it goes into the entry's result
+}
+
+func hasGroup(conf *shardkvpb.Config, gid uint64) bool {
+	return slices.ContainsFunc(conf.GetGroups(), func(g *shardkvpb.Group) bool { return g.Gid == gid })
 }
