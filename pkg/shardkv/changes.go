@@ -50,7 +50,23 @@ func (sm *StateMachine) StreamChanges(s int, cursor []byte, frozen bool, frozeAt
 		return &shardkvpb.ShardChunk{LogTimeNs: view.LogTimeNs, SourceIndex: view.SourceIndex, NextCursor: from, FrozeAtNs: frozeAt}
 	}
 	chunk, size := newChunk(cursor), 0
-	seen := map[string]bool{}
+	// add puts kv in the chunk, first sending the chunk if kv would take it
+	// past its bounds; it reports whether it sent one.
+	add := func(kv *shardkvpb.KeyValue) (bool, error) {
+		n, sent := kvBytes(kv), false
+		if len(chunk.Kvs) > 0 && (size+n > ChunkLimit || len(chunk.Kvs) >= deltaChunkKeys) {
+			if err := send(chunk); err != nil {
+				return false, err
+			}
+			next := newChunk(chunk.NextCursor)
+			next.CaughtUp = chunk.CaughtUp
+			chunk, size, sent = next, 0, true
+		}
+		chunk.Kvs = append(chunk.Kvs, kv)
+		size += n
+		return sent, nil
+	}
+	seen := map[string]bool{} // keys in the chunk being filled
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: changes})
 	for it.Seek(cursor); it.Valid(); it.Next() {
 		ck := it.Item().Key()
@@ -65,19 +81,15 @@ func (sm *StateMachine) StreamChanges(s int, cursor []byte, frozen bool, frozeAt
 				it.Close()
 				return err
 			}
-			kv := &shardkvpb.KeyValue{Key: dk, Record: v}
-			n := kvBytes(kv)
-			if len(chunk.Kvs) > 0 && (size+n > ChunkLimit || len(chunk.Kvs) >= deltaChunkKeys) {
-				if err := send(chunk); err != nil {
-					it.Close()
-					return err
-				}
-				chunk, size = newChunk(chunk.NextCursor), 0
+			sent, err := add(&shardkvpb.KeyValue{Key: dk, Record: v})
+			if err != nil {
+				it.Close()
+				return err
+			}
+			if sent {
 				clear(seen)
 			}
 			seen[string(key)] = true
-			chunk.Kvs = append(chunk.Kvs, kv)
-			size += n
 		}
 		chunk.NextCursor = append(bytes.Clone(ck), 0) // the next position
 	}
@@ -88,25 +100,16 @@ func (sm *StateMachine) StreamChanges(s int, cursor []byte, frozen bool, frozeAt
 	}
 	// Frozen: the dedup table, then Last. These chunks keep the cursor: a
 	// repeated one rewrites the same sessions.
-	sessions := append(shardPrefix(s), tagSession)
-	sit := txn.NewIterator(badger.IteratorOptions{Prefix: sessions, PrefetchValues: true})
+	sit := txn.NewIterator(badger.IteratorOptions{Prefix: append(shardPrefix(s), tagSession), PrefetchValues: true})
 	defer sit.Close()
 	for sit.Rewind(); sit.Valid(); sit.Next() {
 		v, err := sit.Item().ValueCopy(nil)
 		if err != nil {
 			return err
 		}
-		kv := &shardkvpb.KeyValue{Key: sit.Item().KeyCopy(nil), Record: v}
-		n := kvBytes(kv)
-		if len(chunk.Kvs) > 0 && (size+n > ChunkLimit || len(chunk.Kvs) >= deltaChunkKeys) {
-			if err := send(chunk); err != nil {
-				return err
-			}
-			chunk, size = newChunk(chunk.NextCursor), 0
-			chunk.CaughtUp = true
+		if _, err := add(&shardkvpb.KeyValue{Key: sit.Item().KeyCopy(nil), Record: v}); err != nil {
+			return err
 		}
-		chunk.Kvs = append(chunk.Kvs, kv)
-		size += n
 	}
 	chunk.Last = true
 	return send(chunk)
@@ -205,18 +208,7 @@ func (a *applyCtx) replaceRecord(s int, raw, val []byte) error {
 		}
 		return a.del(raw)
 	}
-	if raw[3] == tagData {
-		if _, err := decodeRecord(val); err == nil {
-			val = stampIndex(val, a.index)
-		}
-	}
-	if err := a.set(raw, val); err != nil {
-		return fmt.Errorf("install %d-byte key: %w", len(raw), err)
-	}
-	if ik := indexKey(s, raw, val); ik != nil {
-		return a.set(ik, nil)
-	}
-	return nil
+	return a.putReceived(s, raw, val)
 }
 
 // trimChanges deletes up to DeleteChunkKeys change index entries of shard s

@@ -147,7 +147,6 @@ func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 	if m.Delta || m.Resumed != c.Resume || !bytes.Equal(m.Resume, c.AfterKey) {
 		return errStaleChunk, nil
 	}
-	prefix := shardPrefix(s)
 	// Checked before anything is written: a refused chunk leaves nothing.
 	for _, kv := range c.Kvs {
 		if err := checkMoved(s, kv); err != nil {
@@ -172,21 +171,8 @@ func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 	// expired stays expired here, and a TTL never ends earlier than there.
 	a.nowNS = max(a.nowNS, c.LogTimeNs)
 	for _, kv := range c.Kvs[:n] {
-		val := kv.Record
-		if kv.Key[len(prefix)] == tagData {
-			if _, err := decodeRecord(val); err == nil {
-				// The source's index means nothing in this log: stamp this
-				// entry's, from which the tombstone purge ages the record.
-				val = stampIndex(val, a.index)
-			}
-		}
-		if err := a.set(kv.Key, val); err != nil {
-			return nil, fmt.Errorf("install %d-byte key: %w", len(kv.Key), err)
-		}
-		if ik := indexKey(s, kv.Key, val); ik != nil {
-			if err := a.set(ik, nil); err != nil {
-				return nil, fmt.Errorf("index %d-byte key: %w", len(kv.Key), err)
-			}
+		if err := a.putReceived(s, kv.Key, kv.Record); err != nil {
+			return nil, err
 		}
 		a.countMoved(&m, kv)
 	}
@@ -210,6 +196,27 @@ func (a *applyCtx) insertChunk(c *shardkvpb.InsertChunk) (any, error) {
 		m.Delta, m.Cursor, m.Resume, m.Resumed = true, changePos(s, m.SourceIndex+1), nil, false
 	}
 	return nil, a.setMeta(s, m)
+}
+
+// putReceived stores a received record (raw key, encoded value) and its
+// index entry. The source's index means nothing in this log: a value
+// record is stamped with this entry's, from which the tombstone purge ages
+// it.
+func (a *applyCtx) putReceived(s int, raw, val []byte) error {
+	if raw[3] == tagData {
+		if _, err := decodeRecord(val); err == nil {
+			val = stampIndex(val, a.index)
+		}
+	}
+	if err := a.set(raw, val); err != nil {
+		return fmt.Errorf("install %d-byte key: %w", len(raw), err)
+	}
+	if ik := indexKey(s, raw, val); ik != nil {
+		if err := a.set(ik, nil); err != nil {
+			return fmt.Errorf("index %d-byte key: %w", len(raw), err)
+		}
+	}
+	return nil
 }
 
 // countMoved adds a received record to the shard's progress and the
