@@ -199,6 +199,9 @@ func (c *Client) callGroup(ctx context.Context, key []byte, batch bool, f func(c
 			switch shardkvpb.Reason(err) {
 			case shardkvpb.ReasonWrongGroup:
 				refresh = true
+				if owner, addr := shardkvpb.OwnerHint(err); owner != 0 && addr != "" {
+					c.rs.Hint(owner, addr)
+				}
 			case shardkvpb.ReasonInvalid, shardkvpb.ReasonTooLarge:
 				return err
 			case shardkvpb.ReasonResultForgotten:
@@ -212,10 +215,14 @@ func (c *Client) callGroup(ctx context.Context, key []byte, batch bool, f func(c
 			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
 		}
 		if refresh {
-			if _, err := c.refresh(ctx, conf.Num+1); err != nil {
+			next, err := c.refresh(ctx, conf.Num+1)
+			switch {
+			case err != nil:
 				last = err
-			} else if batch {
+			case batch:
 				return errReroute
+			case next.Num > conf.Num:
+				continue // a newer config: go where it says at once
 			}
 		}
 		if backoff.Wait(ctx) != nil {

@@ -188,6 +188,17 @@ func (c *Caller) order(key uint64, addrs []string) []string {
 	return out
 }
 
+// Hint remembers addr as group key's leader, as heard from elsewhere (a
+// refusal by another group naming the owner's leader).
+func (c *Caller) Hint(key uint64, addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sets[key] == nil {
+		c.sets[key] = &replicaSet{}
+	}
+	c.sets[key].leader = addr
+}
+
 func (c *Caller) setLeader(key uint64, addr string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

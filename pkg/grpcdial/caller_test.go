@@ -243,3 +243,28 @@ func TestCallerAttemptTimeoutGrows(t *testing.T) {
 		t.Fatalf("call of a replica that takes 300ms, attempts of 50ms at first: %q, %v", at, err)
 	}
 }
+
+// A leader hinted from elsewhere (another group's WRONG_GROUP refusal,
+// shardkvpb.OwnerHint) is tried first in the group's next round, even the
+// group's first: the client goes straight to the new owner's leader.
+func TestCallerHintFromOwnerRefusal(t *testing.T) {
+	a, b, c := startReplica(t), startReplica(t), startReplica(t)
+	rs, _ := newCaller(t)
+	ctx := testCtx(t)
+	refusal := &shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, ConfigNum: 9, Shard: 3, Owner: 5, Leader: 2, LeaderAddr: c.addr}
+	gid, addr := shardkvpb.OwnerHint(status.Convert(refusal).Err())
+	if gid != 5 || addr != c.addr {
+		t.Fatalf("OwnerHint = %d %q; want 5 %s", gid, addr, c.addr)
+	}
+	if g, _ := shardkvpb.OwnerHint(shardkvpb.NotLeaderError("not the leader", 2, c.addr)); g != 0 {
+		t.Fatalf("OwnerHint of NOT_LEADER = %d; want none", g)
+	}
+	rs.Hint(gid, addr)
+	var at string
+	if err := rs.Round(ctx, gid, []string{a.addr, b.addr, c.addr}, grpcdial.CallOptions{}, getter(&at)); err != nil || at != c.addr {
+		t.Fatalf("round: answered by %q, %v; want the hinted %s", at, err, c.addr)
+	}
+	if a.count() != 0 || b.count() != 0 {
+		t.Fatalf("calls a=%d b=%d before the hinted leader; want none", a.count(), b.count())
+	}
+}

@@ -186,8 +186,8 @@ func TestMigrationBench(t *testing.T) {
 	}
 }
 
-const migrationTableHeader = "| keys | mode | move s | copy MB/s | snapshot MB/s | Go write gap ms | redis write gap ms | barrier writes | barrier p50 ms | barrier p99 ms | freeze→serve ms | reported pause ms | unaffected p99 base ms | unaffected p99 move ms | ratio | client errors | lost writes |\n" +
-	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+const migrationTableHeader = "| keys | mode | move s | copy MB/s | snapshot MB/s | Go write gap ms | redis write gap ms | Go gap before move ms | barrier writes | barrier p50 ms | barrier p99 ms | freeze→serve ms | reported pause ms | unaffected p99 base ms | unaffected p99 move ms | ratio | client errors | lost writes |\n" +
+	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 
 // --- ops and their records ---
 
@@ -306,6 +306,7 @@ type benchResult struct {
 	goGapOpen  bool // no success after the gap before the load stopped
 	redisGap   time.Duration
 	redisOpen  bool
+	goGapBase  time.Duration // the Go writer's longest gap before the Move (its warmup excluded)
 	barrier    time.Duration
 	barrierN   int
 	barrierP50 time.Duration
@@ -342,9 +343,9 @@ func (r *benchResult) row() string {
 	if r.snapMBps >= 0 {
 		snap = fmt.Sprintf("%.2f", r.snapMBps)
 	}
-	return fmt.Sprintf("| %d | %s | %.2f | %.2f | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %d |",
+	return fmt.Sprintf("| %d | %s | %.2f | %.2f | %s | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %d |",
 		r.keys, r.mode, r.moveTime.Seconds(), r.mbps, snap, gap(r.goGap, r.goGapOpen), gap(r.redisGap, r.redisOpen),
-		r.barrierN, ms(r.barrierP50), ms(r.barrierP99), opt(r.freezeServ), opt(r.pause),
+		ms(r.goGapBase), r.barrierN, ms(r.barrierP50), ms(r.barrierP99), opt(r.freezeServ), opt(r.pause),
 		ms(r.baseP99), ms(r.moveP99), ratio, r.errs, r.lost)
 }
 
@@ -740,6 +741,8 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 	var gapStart, gapEnd time.Time
 	r.goGap, gapStart, gapEnd, r.goGapOpen = longestGap(gw, moveStart, servingAt, loadEnd)
 	r.redisGap, _, _, r.redisOpen = longestGap(rw, moveStart, servingAt, loadEnd)
+	// The same writer with nothing moving: the gap a move adds is above it.
+	r.goGapBase, _, _, _ = longestGap(gw, loadStart.Add(p.warmup), moveStart, loadEnd)
 	r.barrier = gapEnd.Sub(gapStart)
 	var inBarrier []time.Duration
 	for _, o := range gw {

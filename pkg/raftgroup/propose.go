@@ -187,6 +187,13 @@ func (p *proposals) failAll(err error) {
 // names the leader) or shardkvpb.ErrOutcomeUnknown (the command may still
 // apply).
 func (r *Replica) Propose(ctx context.Context, cmd []byte) (any, error) {
+	return r.ProposeNotify(ctx, cmd, nil)
+}
+
+// ProposeNotify is Propose; appended (if not nil) runs once the command is
+// in the leader's log, ahead of anything proposed after that, before it
+// commits.
+func (r *Replica) ProposeNotify(ctx context.Context, cmd []byte, appended func()) (any, error) {
 	if len(cmd) > r.cfg.MaxCommandBytes {
 		return nil, errors.Join(notExecuted("command of %d bytes exceeds the limit of %d bytes", len(cmd), r.cfg.MaxCommandBytes), errTooLarge)
 	}
@@ -209,6 +216,9 @@ func (r *Replica) Propose(ctx context.Context, cmd []byte) (any, error) {
 			return nil, notExecuted("proposal dropped by raft (leadership transfer or too many uncommitted entries)")
 		}
 		return nil, outcomeUnknown("propose: %v", err)
+	}
+	if appended != nil {
+		appended()
 	}
 	return r.waitResult(ctx, id, w)
 }

@@ -2,6 +2,7 @@ package shardkv
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -32,10 +33,11 @@ const deltaChunkKeys = 4000
 
 // StreamChanges sends shard s's changes from cursor on (a change index
 // position), each key once per chunk with its current record, in chunks of
-// at most ChunkLimit encoded bytes or deltaChunkKeys records. frozen: the
-// shard no longer changes here, so after the last change the sessions
-// follow and the last chunk says Last.
-func (sm *StateMachine) StreamChanges(s int, cursor []byte, frozen bool, frozeAt int64, send func(*shardkvpb.ShardChunk) error) error {
+// at most ChunkLimit encoded bytes or deltaChunkKeys records, then the
+// sessions written at or after sessionsSince (all if 0), and the view's log
+// time as the last chunk's SessionsAt. frozen: the shard no longer changes
+// here, so the last chunk says Last.
+func (sm *StateMachine) StreamChanges(s int, cursor []byte, sessionsSince int64, frozen bool, frozeAt int64, send func(*shardkvpb.ShardChunk) error) error {
 	changes := append(shardPrefix(s), tagChange)
 	if !bytes.HasPrefix(cursor, changes) || len(cursor) < changePrefixLen {
 		return invalid("cursor %x is not a position in shard %d's change index", cursor, s)
@@ -95,24 +97,83 @@ func (sm *StateMachine) StreamChanges(s int, cursor []byte, frozen bool, frozeAt
 	}
 	it.Close()
 	chunk.CaughtUp = true
-	if !frozen {
-		return send(chunk)
+	// The sessions (the dedup table) go with every round, those written
+	// since the puller's copy of them: the last round, frozen, carries only
+	// what the clients changed since the round before, not the whole table.
+	// These chunks keep the cursor: a repeated one rewrites the same
+	// sessions.
+	if err := sessionsWritten(txn, s, sessionsSince, func(k, v []byte) error {
+		_, err := add(&shardkvpb.KeyValue{Key: k, Record: v})
+		return err
+	}); err != nil {
+		return err
 	}
-	// Frozen: the dedup table, then Last. These chunks keep the cursor: a
-	// repeated one rewrites the same sessions.
-	sit := txn.NewIterator(badger.IteratorOptions{Prefix: append(shardPrefix(s), tagSession), PrefetchValues: true})
-	defer sit.Close()
-	for sit.Rewind(); sit.Valid(); sit.Next() {
-		v, err := sit.Item().ValueCopy(nil)
+	chunk.SessionsAt = view.LogTimeNs
+	chunk.Last = frozen
+	return send(chunk)
+}
+
+// holdsSessions reports whether kvs are all sessions this replica holds
+// with the same records. Sessions written at exactly a round's log time
+// come again in the next round (it sends those written at or after that
+// time: later entries may share it); a round that brings nothing else is
+// idle, not worth an entry.
+func (sm *StateMachine) holdsSessions(kvs []*shardkvpb.KeyValue) bool {
+	txn := sm.store.DB().NewTransaction(false)
+	defer txn.Discard()
+	for _, kv := range kvs {
+		if len(kv.Key) < 4 || kv.Key[3] != tagSession {
+			return false
+		}
+		v, err := raftgroup.GetValue(txn, kv.Key)
+		if err != nil || !bytes.Equal(v, kv.Record) {
+			return false
+		}
+	}
+	return true
+}
+
+// sessionsWritten calls f with the key and record of each of shard s's
+// sessions written at or after log time since (all of them if 0). Log time
+// never moves back, so these include every session changed after a view
+// whose log time was since. A session's expiry index entry (expiryKey)
+// orders it by the log time of its last write: only the recent part of the
+// index is read.
+func sessionsWritten(txn *badger.Txn, s int, since int64, f func(k, v []byte) error) error {
+	if since <= 0 {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: append(shardPrefix(s), tagSession), PrefetchValues: true})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			v, err := it.Item().ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			if err := f(it.Item().KeyCopy(nil), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'e'}})
+	defer it.Close()
+	for it.Seek(expiryKey(since, 0, 0)); it.Valid(); it.Next() {
+		ek := it.Item().Key()
+		if len(ek) != expiryKeyLen || int(binary.BigEndian.Uint16(ek[9:11])) != s {
+			continue
+		}
+		sk := sessionKey(s, binary.BigEndian.Uint64(ek[11:]))
+		v, err := raftgroup.GetValue(txn, sk)
 		if err != nil {
 			return err
 		}
-		if _, err := add(&shardkvpb.KeyValue{Key: sit.Item().KeyCopy(nil), Record: v}); err != nil {
+		if v == nil {
+			continue // an index entry is written with its session; never alone
+		}
+		if err := f(sk, v); err != nil {
 			return err
 		}
 	}
-	chunk.Last = true
-	return send(chunk)
+	return nil
 }
 
 // chunkView is what every chunk of a stream says of the view it was read
@@ -172,6 +233,9 @@ func (a *applyCtx) applyDelta(s int, m ShardMeta, c *shardkvpb.InsertChunk) (any
 		}
 	}
 	m.Cursor, m.CaughtUp, m.Lag = c.NextCursor, c.CaughtUp, 0
+	if c.SessionsAt != 0 {
+		m.SessionsAt = c.SessionsAt // the round's sessions are all in
+	}
 	if !c.CaughtUp && len(c.NextCursor) >= changePrefixLen {
 		if at := changeIndex(c.NextCursor); c.SourceIndex > at {
 			m.Lag = c.SourceIndex - at

@@ -34,7 +34,7 @@ func (g *Group) ReadKeys(ctx context.Context, keys [][]byte, followerReads bool,
 		return nil, nil
 	}
 	for _, k := range keys {
-		if code := g.routeWait(ctx, k); code != OK {
+		if code := g.routeWait(ctx, k, !followerReads); code != OK {
 			return nil, g.refuse(k, code, !followerReads)
 		}
 	}

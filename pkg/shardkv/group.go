@@ -72,6 +72,20 @@ type Group struct {
 	knownMu sync.Mutex
 	known   map[uint64]*shardkvpb.Config // configs from the controller, ahead of ours
 	newest  *shardkvpb.Config            // the newest config the controller announced
+	// announced wakes the leader's run loop when a config arrives: a
+	// cut-over's barrier starts when the source steps, so the step should
+	// not wait for the next tick.
+	announced chan struct{}
+
+	// finals are the copies whose last round this leader has put in its
+	// log (shard -> config); finalc is closed and replaced when one is
+	// added. Writes held behind the barrier may go into the log right
+	// behind that entry rather than after it applies: the apply of each
+	// write decides again, and refuses one that finds the shard still
+	// arriving (the last round failed).
+	finalMu sync.Mutex
+	finals  map[int]uint64
+	finalc  chan struct{}
 
 	heardMu sync.Mutex
 	heard   map[uint64]uint64 // gid -> leader replica, as the controller last heard
@@ -116,7 +130,7 @@ func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
 		cfg.MaxValueBytes = fit
 	}
 	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), transferCallOptions(r.MaxCommandBytes()))
-	g := &Group{cfg: cfg, r: r, sm: sm, log: cfg.Logger.With("gid", sm.gid), known: map[uint64]*shardkvpb.Config{}, heard: map[uint64]uint64{},
+	g := &Group{cfg: cfg, r: r, sm: sm, log: cfg.Logger.With("gid", sm.gid), known: map[uint64]*shardkvpb.Config{}, announced: make(chan struct{}, 1), finals: map[int]uint64{}, finalc: make(chan struct{}), heard: map[uint64]uint64{},
 		copyRate: newCopyThrottle(cfg.MigrateBytesPerSec)}
 	g.pool = grpcdial.NewPool(cfg.DialOptions...)
 	g.peers = grpcdial.NewCaller(g.pool)
@@ -148,6 +162,16 @@ func (g *Group) propose(ctx context.Context, cmd *shardkvpb.GroupCommand) (any, 
 		return nil, err
 	}
 	return g.r.Propose(ctx, b)
+}
+
+// proposeNotify is propose; appended runs once the entry is in the
+// leader's log (see raftgroup.Replica.ProposeNotify).
+func (g *Group) proposeNotify(ctx context.Context, cmd *shardkvpb.GroupCommand, appended func()) (any, error) {
+	b, err := proto.Marshal(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return g.r.ProposeNotify(ctx, b, appended)
 }
 
 // RaftStatus is this replica's Raft status.

@@ -25,7 +25,7 @@ func (g *Group) Get(ctx context.Context, req *shardkvpb.GetRequest) (*shardkvpb.
 // MultiGet reads several keys of this group after one ReadIndex.
 func (g *Group) MultiGet(ctx context.Context, req *shardkvpb.MultiGetRequest) (*shardkvpb.MultiGetReply, error) {
 	for _, k := range req.Keys {
-		if code := g.routeWait(ctx, k); code != OK {
+		if code := g.routeWait(ctx, k, false); code != OK {
 			return nil, g.opError(k, code, false)
 		}
 	}
@@ -58,7 +58,8 @@ func (g *Group) Write(ctx context.Context, req *shardkvpb.WriteRequest) (*shardk
 		return nil, raftgroup.GRPCError(err)
 	}
 	if res[0].Code != OK {
-		return nil, g.opError(req.Op.Key, res[0].Code, false)
+		// Only the leader runs a write: a follower names it.
+		return nil, g.opError(req.Op.Key, res[0].Code, true)
 	}
 	return &shardkvpb.WriteReply{Result: res[0].Result}, nil
 }

@@ -47,7 +47,7 @@ func (g *Group) FetchShard(req *shardkvpb.FetchShardRequest, stream shardkvpb.KV
 			if err := checkCursor(s, req.Cursor, m); err != nil {
 				return err
 			}
-			return g.sm.StreamChanges(s, req.Cursor, false, 0, stream.Send)
+			return g.sm.StreamChanges(s, req.Cursor, req.SessionsSince, false, 0, stream.Send)
 		}
 		return g.sm.StreamShard(s, req.AfterKey, req.Resume, stream.Send)
 	}
@@ -65,7 +65,7 @@ func (g *Group) FetchShard(req *shardkvpb.FetchShardRequest, stream shardkvpb.KV
 		if err := checkCursor(s, req.Cursor, m); err != nil {
 			return err
 		}
-		return g.sm.StreamChanges(s, req.Cursor, true, m.FrozeAtNs, stream.Send)
+		return g.sm.StreamChanges(s, req.Cursor, req.SessionsSince, true, m.FrozeAtNs, stream.Send)
 	}
 	return g.sm.StreamShard(s, req.AfterKey, req.Resume, stream.Send)
 }

@@ -82,6 +82,9 @@ const changePrefixLen = 11
 
 func shardMetaKey(s int) []byte { return []byte{'s', byte(s >> 8), byte(s)} }
 
+// expiryKeyLen is the length of every expiryKey.
+const expiryKeyLen = 1 + 8 + 2 + 8
+
 func expiryKey(lastNS int64, s int, client uint64) []byte {
 	k := binary.BigEndian.AppendUint64([]byte{'e'}, uint64(lastNS))
 	k = append(k, byte(s>>8), byte(s))
@@ -191,6 +194,10 @@ type ShardMeta struct {
 	CaughtUp    bool   `json:"caughtUp,omitempty"`
 	Lag         uint64 `json:"lag,omitempty"`
 	TotalBytes  uint64 `json:"totalBytes,omitempty"`
+	// SessionsAt: the copy holds the source's sessions as of this source
+	// log time (a round's sessions_at), so later rounds send only those
+	// written since.
+	SessionsAt int64 `json:"sessionsAt,omitempty"`
 
 	// The source of a planned move (Serving, Peer the target; BePulling
 	// keeps it): writes are recorded in the change index since TrackFrom.

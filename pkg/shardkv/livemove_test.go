@@ -296,7 +296,10 @@ func TestLiveMoveSourceDown(t *testing.T) {
 // (gets, puts, appends: exactly once) while shards move live between three
 // groups, with message drops and delays, and in each move one of: the
 // target's or the source's leader killed mid-copy (snapshot or rounds),
-// a leader of either side killed at the cut-over, or the move cancelled.
+// a leader of either side killed at the cut-over, the move cancelled, a
+// partition during the rounds (the target's leader isolated from its group
+// and the target from the source for a second), or a group joining and
+// leaving while the move copies.
 func TestLinearizabilityLiveMoves(t *testing.T) {
 	const nshards = 8
 	// A copy rate limit stretches each copy over about a second, so that
@@ -308,6 +311,7 @@ func TestLinearizabilityLiveMoves(t *testing.T) {
 	}
 	w.Join(100, 101, 102)
 	w.WaitSettled(60 * time.Second)
+	w.StartGroup(103) // joins and leaves during a move
 	fc := w.Client()
 	// Filler, so that copies take several chunks and rounds.
 	shards := map[int]bool{}
@@ -340,8 +344,9 @@ func TestLinearizabilityLiveMoves(t *testing.T) {
 	}
 	var events []string
 	// Each kind of fault once, then more moves while time is left.
-	deadline := time.Now().Add(20 * time.Second)
-	for round := 0; round < 5 || time.Now().Before(deadline); round++ {
+	const kinds = 7
+	deadline := time.Now().Add(25 * time.Second)
+	for round := 0; round < kinds || time.Now().Before(deadline); round++ {
 		key := slinKeys[rng.IntN(len(slinKeys))]
 		s := routing.ShardOf([]byte(key), nshards)
 		conf := latestConfig(t, w)
@@ -358,7 +363,7 @@ func TestLinearizabilityLiveMoves(t *testing.T) {
 			t.Fatalf("move: %v", err)
 		}
 		what := "none"
-		switch round % 5 {
+		switch round % kinds {
 		case 0: // kill the target's leader mid-snapshot
 			if waitFor(t, 10*time.Second, "", func() bool {
 				m := shardState(w, dst, s)
@@ -388,6 +393,29 @@ func TestLinearizabilityLiveMoves(t *testing.T) {
 				}
 				what = "cancelled"
 			}
+		case 5: // a partition during the rounds of changes: the target's
+			// leader cut off from its group, the target from the source
+			if waitFor(t, 10*time.Second, "", func() bool { m := shardState(w, dst, s); return m.State == shardkv.PreCopying && m.Delta }) {
+				g := w.Groups[dst]
+				if id := g.Leader(); id != 0 {
+					g.Net.Isolate(g.IDs(), id)
+					w.Faults.Refuse(func(req any) bool {
+						r, ok := req.(*shardkvpb.FetchShardRequest)
+						return ok && r.Gid == dst
+					})
+					time.Sleep(time.Second)
+					w.Faults.Refuse(nil)
+					g.Net.Heal()
+					what = fmt.Sprintf("partition mid-delta: %d/%d isolated, %d cut off from %d", dst, id, dst, src)
+				}
+			}
+		case 6: // a join and a leave (their own planned moves) during the copy
+			if waitFor(t, 10*time.Second, "", func() bool { return shardState(w, dst, s).State == shardkv.PreCopying }) {
+				w.Join(103)
+				time.Sleep(300 * time.Millisecond)
+				w.Leave(103)
+				what = "group 103 joined and left during the copy"
+			}
 		}
 		ev := fmt.Sprintf("shard %d: %d -> %d, %s", s, src, dst, what)
 		events = append(events, ev)
@@ -401,10 +429,110 @@ func TestLinearizabilityLiveMoves(t *testing.T) {
 	w.Faults.Set(0, 0, 0)
 	w.WaitSettled(60 * time.Second)
 	st := slinFinalCheck(t, fc, rec, notes)
-	if len(events) < 3 {
+	if len(events) < kinds {
 		t.Errorf("only %d moves during the run", len(events))
 	}
 	if st.OKWrites < 50 {
 		t.Errorf("only %d writes succeeded", st.OKWrites)
+	}
+}
+
+// TestBarrierHoldsWritesOnTheLeaderOnly: while a cut-over's last round is
+// missing (the source is frozen, the target steps but cannot fetch it),
+// a write sent to a follower of the target is refused at once with
+// NOT_LEADER, so that the client goes to the leader instead of waiting
+// out the hold on a replica that cannot run it; the leader holds the write
+// for requestHold, then refuses it as NOT_READY. Once the last round can
+// be fetched, the shard is served with every key. Before followers
+// stopped holding, the follower's refusal came only after the whole hold.
+func TestBarrierHoldsWritesOnTheLeaderOnly(t *testing.T) {
+	const nshards = 8
+	w := kvtest.New(t, kvtest.Options{Shards: nshards})
+	w.StartGroup(100)
+	w.StartGroup(101)
+	w.Join(100)
+	w.WaitSettled(30 * time.Second)
+	w.Join(101)
+	conf := w.WaitSettled(60 * time.Second)
+	c := w.Client()
+	s := -1
+	for i, g := range conf.Shards {
+		if g == 100 {
+			s = i
+			break
+		}
+	}
+	keys := fillShard(t, c, s, nshards, 200)
+
+	// The last round is the delta fetch of a frozen source.
+	w.Faults.Refuse(func(req any) bool {
+		r, ok := req.(*shardkvpb.FetchShardRequest)
+		return ok && r.Delta && !r.Precopy
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err := w.Admin().Move(ctx, s, 101)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := w.Groups[101]
+	if !waitFor(t, 60*time.Second, "barrier", func() bool {
+		for _, id := range target.IDs() {
+			if m := w.SM(101, id).Shard(s); m.State != shardkv.Pulling || !m.Delta {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("the target did not reach its last round: %s", w.Describe())
+	}
+	leader := target.WaitLeader(10 * time.Second)
+	var follower uint64
+	for _, id := range target.IDs() {
+		if id != leader {
+			follower = id
+			break
+		}
+	}
+	write := func(id uint64, value string) (time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err := w.Group(101, id).Write(ctx, &shardkvpb.WriteRequest{Op: &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: []byte(keys[0]), Value: []byte(value)}})
+		return time.Since(start), err
+	}
+	took, err := write(follower, "via-follower")
+	if shardkvpb.Reason(err) != shardkvpb.ReasonNotLeader {
+		t.Fatalf("a write to follower %d behind the barrier: %v; want NOT_LEADER", follower, err)
+	}
+	if took >= 400*time.Millisecond {
+		t.Fatalf("follower %d held a write it cannot run for %v before refusing it", follower, took)
+	}
+	took, err = write(leader, "via-leader")
+	if r := shardkvpb.Reason(err); r != shardkvpb.ReasonNotReady {
+		t.Fatalf("a write to leader %d behind a barrier that does not lift: %v; want NOT_READY", leader, err)
+	}
+	if took < 450*time.Millisecond {
+		t.Fatalf("leader %d refused after %v; want it held for the barrier's expected time first", leader, took)
+	}
+
+	w.Faults.Refuse(nil)
+	final := w.WaitSettled(60 * time.Second)
+	if final.Shards[s] != 101 {
+		t.Fatalf("after the barrier lifted: shard %d on %d", s, final.Shards[s])
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Put(ctx, keys[0], "after"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.MultiGet(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if (i == 0 && got[k] != "after") || (i > 0 && !strings.HasPrefix(got[k], strings.Repeat("v", 90))) {
+			t.Fatalf("key %s after the move: %q", k, got[k])
+		}
 	}
 }

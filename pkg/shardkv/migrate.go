@@ -56,6 +56,7 @@ func (g *Group) run() {
 			return
 		case <-tick.C:
 		case <-g.sm.Changed():
+		case <-g.announced:
 		case name := <-taskDone:
 			delete(tasks, name)
 			delete(pullPeer, name)
@@ -274,7 +275,7 @@ func (g *Group) pullRound(ctx, cctx context.Context, cl shardkvpb.KVClient, s in
 	precopy := m.State == PreCopying
 	req := &shardkvpb.FetchShardRequest{Shard: uint32(s), ConfigNum: m.Config, Gid: g.sm.gid, Precopy: precopy}
 	if cur.Delta {
-		req.Delta, req.Cursor = true, cur.Cursor
+		req.Delta, req.Cursor, req.SessionsSince = true, cur.Cursor, cur.SessionsAt
 	} else {
 		req.AfterKey, req.Resume = cur.Resume, cur.Resumed
 	}
@@ -302,11 +303,12 @@ func (g *Group) pullRound(ctx, cctx context.Context, cl shardkvpb.KVClient, s in
 			}
 		}
 		if req.Delta {
-			if len(chunk.Kvs) == 0 && !chunk.Last && bytes.Equal(chunk.NextCursor, cursor) && chunk.CaughtUp == g.sm.Shard(s).CaughtUp {
+			if !chunk.Last && bytes.Equal(chunk.NextCursor, cursor) && chunk.CaughtUp == g.sm.Shard(s).CaughtUp && g.sm.holdsSessions(chunk.Kvs) {
 				return errIdleRound // nothing to write down
 			}
 			if err := g.install(ctx, s, m, &shardkvpb.InsertChunk{Precopy: precopy, Delta: true, Cursor: cursor, NextCursor: chunk.NextCursor,
-				Kvs: chunk.Kvs, Last: chunk.Last, CaughtUp: chunk.CaughtUp, SourceIndex: chunk.SourceIndex, FrozeAtNs: chunk.FrozeAtNs, LogTimeNs: chunk.LogTimeNs}); err != nil {
+				Kvs: chunk.Kvs, Last: chunk.Last, CaughtUp: chunk.CaughtUp, SourceIndex: chunk.SourceIndex, FrozeAtNs: chunk.FrozeAtNs, LogTimeNs: chunk.LogTimeNs,
+				SessionsAt: chunk.SessionsAt}); err != nil {
 				return err
 			}
 			cursor = chunk.NextCursor
@@ -342,7 +344,11 @@ func (g *Group) install(ctx context.Context, s int, m ShardMeta, ins *shardkvpb.
 	ins.Shard, ins.ConfigNum = uint32(s), m.Config
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	v, err := g.propose(pctx, &shardkvpb.GroupCommand{Insert: ins})
+	var appended func()
+	if ins.Delta && ins.Last && !ins.Precopy {
+		appended = func() { g.markFinal(s, m.Config) } // releases the held writes
+	}
+	v, err := g.proposeNotify(pctx, &shardkvpb.GroupCommand{Insert: ins}, appended)
 	if raftgroup.IsTooLarge(err) {
 		// Only a record above the entry limit (written under a larger
 		// limit than this replica's) gets here: say so, the pull retries.
@@ -388,8 +394,20 @@ func (g *Group) trim(ctx context.Context, s int, m ShardMeta) {
 	})
 }
 
+// gcGrace is how long a handed-off shard waits before its deletion
+// starts. Nothing waits for the space back, while the moments after a
+// cut-over do wait for CPU: the new owner's followers apply the last round
+// (their acks hold up the shard's first writes there) and the clients
+// reroute. Deleting at once competed with both on small machines.
+const gcGrace = time.Second
+
 // gc deletes a handed-off shard in bounded chunks through the log.
 func (g *Group) gc(ctx context.Context, s int, m ShardMeta) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(gcGrace):
+	}
 	g.shardTask(ctx, s, m, func(ShardMeta) (bool, error) {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()

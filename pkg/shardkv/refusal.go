@@ -108,17 +108,38 @@ const requestHold = 500 * time.Millisecond
 // changes, or the step to the cut-over config) waits up to requestHold for
 // the shard to be served, rather than being refused at once into the
 // client's backoff: clients see a short stall, not seconds of retries.
-func (g *Group) routeWait(ctx context.Context, key []byte) Code {
+// A request only the leader can run (needLeader) waits only on the
+// leader: a follower refuses it at once, naming the leader, so the client
+// waits there instead of here and then being sent on.
+func (g *Group) routeWait(ctx context.Context, key []byte, needLeader bool) Code {
+	return g.hold(ctx, key, needLeader, false)
+}
+
+// writeRoute is routeWait for a write. A held write goes on as soon as
+// the copy's last round is in this leader's log (finals), not once it has
+// applied: the write's entry follows it, so both commit in about one
+// round, and the write's apply checks the shard again.
+func (g *Group) writeRoute(ctx context.Context, key []byte) Code {
+	return g.hold(ctx, key, true, true)
+}
+
+func (g *Group) hold(ctx context.Context, key []byte, needLeader, write bool) Code {
 	s, code := g.sm.route(key)
 	if code == OK {
 		return OK
 	}
 	var deadline <-chan time.Time
 	for {
-		changed := g.sm.Changed()
+		if needLeader && !g.r.IsLeader() {
+			return code
+		}
+		changed, finalc := g.sm.Changed(), g.finalsChanged()
 		m := g.sm.Shard(s)
-		arriving := (m.State == Pulling && m.Delta) ||
-			(m.State == PreCopying && m.CaughtUp && owner(g.newestConfig(), s) == g.sm.gid)
+		final := m.State == Pulling && m.Delta
+		if write && final && g.finalAppended(s, m.Config) {
+			return OK
+		}
+		arriving := final || (m.State == PreCopying && m.CaughtUp && owner(g.newestConfig(), s) == g.sm.gid)
 		if !arriving {
 			return code
 		}
@@ -129,6 +150,7 @@ func (g *Group) routeWait(ctx context.Context, key []byte) Code {
 		}
 		select {
 		case <-changed:
+		case <-finalc:
 		case <-ctx.Done():
 			return code
 		case <-deadline:
@@ -138,4 +160,27 @@ func (g *Group) routeWait(ctx context.Context, key []byte) Code {
 			return OK
 		}
 	}
+}
+
+// markFinal records that the last round of shard s's copy for config num
+// is in this leader's log.
+func (g *Group) markFinal(s int, num uint64) {
+	g.finalMu.Lock()
+	g.finals[s] = num
+	close(g.finalc)
+	g.finalc = make(chan struct{})
+	g.finalMu.Unlock()
+}
+
+func (g *Group) finalAppended(s int, num uint64) bool {
+	g.finalMu.Lock()
+	defer g.finalMu.Unlock()
+	n, ok := g.finals[s]
+	return ok && n == num
+}
+
+func (g *Group) finalsChanged() <-chan struct{} {
+	g.finalMu.Lock()
+	defer g.finalMu.Unlock()
+	return g.finalc
 }

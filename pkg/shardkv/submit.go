@@ -28,7 +28,7 @@ func (g *Group) submit(ctx context.Context, ops []*shardkvpb.WriteOp) ([]OpResul
 	var send []*shardkvpb.WriteOp
 	var idx []int
 	for i, op := range ops {
-		if code := g.routeWait(ctx, op.Key); code != OK {
+		if code := g.writeRoute(ctx, op.Key); code != OK {
 			out[i].Code = code // not executed, and not proposed
 			continue
 		}

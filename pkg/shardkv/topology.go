@@ -67,6 +67,10 @@ func (g *Group) watchConfigs() {
 			}
 		}
 		g.knownMu.Unlock()
+		select {
+		case g.announced <- struct{}{}:
+		default:
+		}
 	}
 }
 

@@ -532,7 +532,7 @@ func TestPulledChunksFitOneEntry(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The last round from the frozen source: no changes, the sessions.
-	err = src.sm.StreamChanges(int(s), dst.sm.Shard(int(s)).Cursor, true, 0, func(chunk *shardkvpb.ShardChunk) error {
+	err = src.sm.StreamChanges(int(s), dst.sm.Shard(int(s)).Cursor, 0, true, 0, func(chunk *shardkvpb.ShardChunk) error {
 		ins := &shardkvpb.InsertChunk{Shard: s, ConfigNum: 2, Delta: true, Cursor: dst.sm.Shard(int(s)).Cursor, NextCursor: chunk.NextCursor,
 			Kvs: chunk.Kvs, Last: chunk.Last, CaughtUp: chunk.CaughtUp}
 		if r := dst.apply(&shardkvpb.GroupCommand{Insert: ins}); r != nil {

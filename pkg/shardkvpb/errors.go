@@ -150,6 +150,10 @@ func (r *Refusal) GRPCStatus() *status.Status {
 		if r.Owner != 0 {
 			meta["owner_gid"] = strconv.FormatUint(r.Owner, 10)
 		}
+		if r.Leader != 0 {
+			meta["leader_id"] = strconv.FormatUint(r.Leader, 10)
+			meta["leader_addr"] = r.LeaderAddr
+		}
 	}
 	return newStatus(c, r.Reason, r.Msg, meta)
 }
@@ -210,6 +214,20 @@ func LeaderHint(err error) (id uint64, addr string, ok bool) {
 		return 0, "", false
 	}
 	return id, ei.Metadata["leader_addr"], true
+}
+
+// OwnerHint is the owner group and its leader's address (when known) that
+// a WRONG_GROUP refusal names; gid 0 if err names none.
+func OwnerHint(err error) (gid uint64, leaderAddr string) {
+	ei, found := Info(err)
+	if !found || ei.Reason != ReasonWrongGroup {
+		return 0, ""
+	}
+	gid, perr := strconv.ParseUint(ei.Metadata["owner_gid"], 10, 64)
+	if perr != nil {
+		return 0, ""
+	}
+	return gid, ei.Metadata["leader_addr"]
 }
 
 // Retryable reports whether err proves the request was not executed, so it

@@ -230,6 +230,7 @@ type InsertChunk struct {
 	CaughtUp      bool   `protobuf:"varint,14,opt,name=caught_up,json=caughtUp,proto3" json:"caught_up,omitempty"`
 	FrozeAtNs     int64  `protobuf:"varint,15,opt,name=froze_at_ns,json=frozeAtNs,proto3" json:"froze_at_ns,omitempty"`
 	TotalBytes    uint64 `protobuf:"varint,16,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	SessionsAt    int64  `protobuf:"varint,17,opt,name=sessions_at,json=sessionsAt,proto3" json:"sessions_at,omitempty"` // ShardChunk.sessions_at
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -376,6 +377,13 @@ func (x *InsertChunk) GetTotalBytes() uint64 {
 	return 0
 }
 
+func (x *InsertChunk) GetSessionsAt() int64 {
+	if x != nil {
+		return x.SessionsAt
+	}
+	return 0
+}
+
 var File_grouplog_proto protoreflect.FileDescriptor
 
 const file_grouplog_proto_rawDesc = "" +
@@ -399,7 +407,7 @@ const file_grouplog_proto_rawDesc = "" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +
-	"config_num\x18\x02 \x01(\x04R\tconfigNum\"\xdc\x03\n" +
+	"config_num\x18\x02 \x01(\x04R\tconfigNum\"\xfd\x03\n" +
 	"\vInsertChunk\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +
@@ -421,7 +429,9 @@ const file_grouplog_proto_rawDesc = "" +
 	"\tcaught_up\x18\x0e \x01(\bR\bcaughtUp\x12\x1e\n" +
 	"\vfroze_at_ns\x18\x0f \x01(\x03R\tfrozeAtNs\x12\x1f\n" +
 	"\vtotal_bytes\x18\x10 \x01(\x04R\n" +
-	"totalBytesB*Z(github.com/shardkv/shardkv/pkg/shardkvpbb\x06proto3"
+	"totalBytes\x12\x1f\n" +
+	"\vsessions_at\x18\x11 \x01(\x03R\n" +
+	"sessionsAtB*Z(github.com/shardkv/shardkv/pkg/shardkvpbb\x06proto3"
 
 var (
 	file_grouplog_proto_rawDescOnce sync.Once

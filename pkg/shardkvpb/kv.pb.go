@@ -833,8 +833,14 @@ type FetchShardRequest struct {
 	// Send the changes from cursor on (a position in the source's change
 	// index) instead of the snapshot; from a frozen source, then the dedup
 	// table, and last.
-	Delta         bool   `protobuf:"varint,7,opt,name=delta,proto3" json:"delta,omitempty"`
-	Cursor        []byte `protobuf:"bytes,8,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	Delta  bool   `protobuf:"varint,7,opt,name=delta,proto3" json:"delta,omitempty"`
+	Cursor []byte `protobuf:"bytes,8,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// Delta: the puller holds the shard's sessions (its dedup table) as they
+	// were at this source log time (0: none yet). A round sends the sessions
+	// written at or after it, all of them if 0: the pre-copy rounds keep the
+	// puller's table current, so the last round carries only the few the
+	// clients changed since the round before.
+	SessionsSince int64 `protobuf:"varint,9,opt,name=sessions_since,json=sessionsSince,proto3" json:"sessions_since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -923,6 +929,13 @@ func (x *FetchShardRequest) GetCursor() []byte {
 		return x.Cursor
 	}
 	return nil
+}
+
+func (x *FetchShardRequest) GetSessionsSince() int64 {
+	if x != nil {
+		return x.SessionsSince
+	}
+	return 0
 }
 
 type KeyValue struct {
@@ -1051,7 +1064,11 @@ type ShardChunk struct {
 	// barrier), for the measured write pause.
 	FrozeAtNs int64 `protobuf:"varint,9,opt,name=froze_at_ns,json=frozeAtNs,proto3" json:"froze_at_ns,omitempty"`
 	// Bytes of the shard's records (key and record), with total_keys.
-	TotalBytes    uint64 `protobuf:"varint,10,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	TotalBytes uint64 `protobuf:"varint,10,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// The last chunk of a round that sent the sessions (those written since
+	// the request's sessions_since): the log time of its view, the puller's
+	// next sessions_since.
+	SessionsAt    int64 `protobuf:"varint,11,opt,name=sessions_at,json=sessionsAt,proto3" json:"sessions_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1152,6 +1169,13 @@ func (x *ShardChunk) GetFrozeAtNs() int64 {
 func (x *ShardChunk) GetTotalBytes() uint64 {
 	if x != nil {
 		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *ShardChunk) GetSessionsAt() int64 {
+	if x != nil {
+		return x.SessionsAt
 	}
 	return 0
 }
@@ -1451,7 +1475,7 @@ const file_kv_proto_rawDesc = "" +
 	"\x11MultiWriteRequest\x12%\n" +
 	"\x03ops\x18\x01 \x03(\v2\x13.shardkv.v1.WriteOpR\x03ops\"D\n" +
 	"\x0fMultiWriteReply\x121\n" +
-	"\aresults\x18\x01 \x03(\v2\x17.shardkv.v1.WriteResultR\aresults\"\xd7\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x17.shardkv.v1.WriteResultR\aresults\"\xfe\x01\n" +
 	"\x11FetchShardRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +
@@ -1461,14 +1485,15 @@ const file_kv_proto_rawDesc = "" +
 	"\x06resume\x18\x05 \x01(\bR\x06resume\x12\x18\n" +
 	"\aprecopy\x18\x06 \x01(\bR\aprecopy\x12\x14\n" +
 	"\x05delta\x18\a \x01(\bR\x05delta\x12\x16\n" +
-	"\x06cursor\x18\b \x01(\fR\x06cursor\"4\n" +
+	"\x06cursor\x18\b \x01(\fR\x06cursor\x12%\n" +
+	"\x0esessions_since\x18\t \x01(\x03R\rsessionsSince\"4\n" +
 	"\bKeyValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x16\n" +
 	"\x06record\x18\x02 \x01(\fR\x06record\"?\n" +
 	"\n" +
 	"DedupEntry\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x14\n" +
-	"\x05state\x18\x02 \x01(\fR\x05state\"\xd7\x02\n" +
+	"\x05state\x18\x02 \x01(\fR\x05state\"\xf8\x02\n" +
 	"\n" +
 	"ShardChunk\x12&\n" +
 	"\x03kvs\x18\x01 \x03(\v2\x14.shardkv.v1.KeyValueR\x03kvs\x12,\n" +
@@ -1484,7 +1509,9 @@ const file_kv_proto_rawDesc = "" +
 	"\vfroze_at_ns\x18\t \x01(\x03R\tfrozeAtNs\x12\x1f\n" +
 	"\vtotal_bytes\x18\n" +
 	" \x01(\x04R\n" +
-	"totalBytes\"^\n" +
+	"totalBytes\x12\x1f\n" +
+	"\vsessions_at\x18\v \x01(\x03R\n" +
+	"sessionsAt\"^\n" +
 	"\x15ShardInstalledRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +

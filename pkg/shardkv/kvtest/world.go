@@ -35,6 +35,22 @@ type Faults struct {
 	dropReply float64
 	maxDelay  time.Duration
 	rng       *rand.Rand
+	refuse    func(req any) bool
+}
+
+// Refuse makes every KV request for which refuse returns true fail as
+// lost, until Refuse(nil).
+func (f *Faults) Refuse(refuse func(req any) bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.refuse = refuse
+}
+
+func (f *Faults) refused(req any) bool {
+	f.mu.Lock()
+	r := f.refuse
+	f.mu.Unlock()
+	return r != nil && r(req)
 }
 
 // Set changes the fault rates.
@@ -68,7 +84,7 @@ func (f *Faults) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	}
 	dropReq, dropReply, delay := f.roll()
 	time.Sleep(delay)
-	if dropReq {
+	if dropReq || f.refused(req) {
 		return nil, errLost
 	}
 	rep, err := h(ctx, req)
@@ -94,6 +110,16 @@ func (f *Faults) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 type faultyStream struct {
 	grpc.ServerStream
 	f *Faults
+}
+
+func (s *faultyStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if s.f.refused(m) {
+		return errLost
+	}
+	return nil
 }
 
 func (s *faultyStream) SendMsg(m any) error {
