@@ -159,12 +159,13 @@ func (a *applyCtx) tombstoneScan(cursor []byte) (keys [][]byte, whole bool) {
 		k := it.Item().KeyCopy(nil)
 		keys, size = append(keys, k), size+len(k)
 	}
-	it.Rewind()
-	if cursor != nil {
+	if cursor != nil { // Seek alone: a Rewind first steps over every deleted key before the first live one
 		it.Seek(cursor)
 		if it.Valid() && bytes.Equal(it.Item().Key(), cursor) {
 			it.Next()
 		}
+	} else {
+		it.Rewind()
 	}
 	for ; it.Valid(); it.Next() {
 		if full() {
