@@ -186,8 +186,8 @@ func TestMigrationBench(t *testing.T) {
 	}
 }
 
-const migrationTableHeader = "| keys | mode | move s | copy MB/s | snapshot MB/s | Go write gap ms | redis write gap ms | Go gap before move ms | barrier writes | barrier p50 ms | barrier p99 ms | freeze→serve ms | reported pause ms | unaffected p99 base ms | unaffected p99 move ms | ratio | client errors | lost writes |\n" +
-	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+const migrationTableHeader = "| keys | mode | move s | copy MB/s | snapshot MB/s | Go write gap ms | redis write gap ms | cut-over gap ms Go / redis | Go gap before move ms | barrier writes | barrier p50 ms | barrier p99 ms | freeze→serve ms | reported pause ms | unaffected p99 base ms | unaffected p99 move ms | ratio | client errors | lost writes |\n" +
+	"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 
 // --- ops and their records ---
 
@@ -307,6 +307,8 @@ type benchResult struct {
 	redisGap   time.Duration
 	redisOpen  bool
 	goGapBase  time.Duration // the Go writer's longest gap before the Move (its warmup excluded)
+	goCut      time.Duration // the longest gaps overlapping the cut-over (A frozen → B serving); -1: not seen
+	redisCut   time.Duration
 	barrier    time.Duration
 	barrierN   int
 	barrierP50 time.Duration
@@ -343,9 +345,9 @@ func (r *benchResult) row() string {
 	if r.snapMBps >= 0 {
 		snap = fmt.Sprintf("%.2f", r.snapMBps)
 	}
-	return fmt.Sprintf("| %d | %s | %.2f | %.2f | %s | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %d |",
+	return fmt.Sprintf("| %d | %s | %.2f | %.2f | %s | %s | %s | %s / %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %d |",
 		r.keys, r.mode, r.moveTime.Seconds(), r.mbps, snap, gap(r.goGap, r.goGapOpen), gap(r.redisGap, r.redisOpen),
-		ms(r.goGapBase), r.barrierN, ms(r.barrierP50), ms(r.barrierP99), opt(r.freezeServ), opt(r.pause),
+		opt(r.goCut), opt(r.redisCut), ms(r.goGapBase), r.barrierN, ms(r.barrierP50), ms(r.barrierP99), opt(r.freezeServ), opt(r.pause),
 		ms(r.baseP99), ms(r.moveP99), ratio, r.errs, r.lost)
 }
 
@@ -741,6 +743,13 @@ func runMigrationBench(t *testing.T, p benchParams, nkeys int, mode string) *ben
 	var gapStart, gapEnd time.Time
 	r.goGap, gapStart, gapEnd, r.goGapOpen = longestGap(gw, moveStart, servingAt, loadEnd)
 	r.redisGap, _, _, r.redisOpen = longestGap(rw, moveStart, servingAt, loadEnd)
+	// The gaps at the cut-over itself (a longer one elsewhere in the move is
+	// the copy competing with the writes).
+	r.goCut, r.redisCut = -1, -1
+	if !frozenAt.IsZero() && !frozenAt.After(servingAt) {
+		r.goCut, _, _, _ = longestGap(gw, frozenAt, servingAt, loadEnd)
+		r.redisCut, _, _, _ = longestGap(rw, frozenAt, servingAt, loadEnd)
+	}
 	// The same writer with nothing moving: the gap a move adds is above it.
 	r.goGapBase, _, _, _ = longestGap(gw, loadStart.Add(p.warmup), moveStart, loadEnd)
 	r.barrier = gapEnd.Sub(gapStart)
