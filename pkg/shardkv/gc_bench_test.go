@@ -5,10 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dgraph-io/badger/v4"
-	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
-	"google.golang.org/protobuf/proto"
 )
 
 // BenchmarkShardGC deletes a handed-off shard of N keys the way its old
@@ -33,57 +30,32 @@ func BenchmarkShardGC(b *testing.B) {
 }
 
 func gcShard(b *testing.B, n int) (first, last, total time.Duration) {
-	db, err := badger.Open(raftgroup.StorageOptions(b.TempDir()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer db.Close()
-	sm := NewStateMachine(7)
-	if _, err := sm.Open(db); err != nil {
-		b.Fatal(err)
-	}
-	index := uint64(0)
-	now := time.Unix(1_800_000_000, 0)
-	apply := func(cmd *shardkvpb.GroupCommand) {
-		bs, err := proto.Marshal(cmd)
-		if err != nil {
-			b.Fatal(err)
-		}
-		index++
-		now = now.Add(time.Millisecond)
-		ents := []raftgroup.Entry{{Index: index, Term: 1, Time: now, Cmd: bs}}
-		if err := sm.Apply(ents); err != nil {
-			b.Fatal(err)
-		}
-	}
+	h := &smHarness{t: b, sm: openSM(b, 7), now: time.Unix(1_800_000_000, 0)}
 	groups := []*shardkvpb.Group{{Gid: 7, Servers: []*shardkvpb.Server{{Id: 1, Addr: "a:1"}}}, {Gid: 8, Servers: []*shardkvpb.Server{{Id: 1, Addr: "b:1"}}}}
 	const s = 1
-	apply(&shardkvpb.GroupCommand{NextConfig: &shardkvpb.Config{Num: 1, Shards: []uint64{7, 7, 8, 7}, Groups: groups}})
+	h.apply(&shardkvpb.GroupCommand{NextConfig: &shardkvpb.Config{Num: 1, Shards: []uint64{7, 7, 8, 7}, Groups: groups}})
 	var ops []*shardkvpb.WriteOp
-	for i := 0; len(ops) > 0 || i < n; i++ {
-		if i < n {
-			for j := 0; ; j++ {
-				k := fmt.Appendf(nil, "k%d-%d", i, j)
-				if shardOfKey(sm, k) == s {
-					ops = append(ops, &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: k, Value: make([]byte, 100)})
-					break
-				}
+	for i := range n {
+		for j := 0; ; j++ {
+			if k := fmt.Appendf(nil, "k%d-%d", i, j); shardOfKey(h.sm, k) == s {
+				ops = append(ops, &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: k, Value: make([]byte, 100)})
+				break
 			}
 		}
-		if len(ops) == 1000 || (i >= n-1 && len(ops) > 0) {
-			apply(&shardkvpb.GroupCommand{Writes: ops})
+		if len(ops) == 1000 || i == n-1 {
+			h.apply(&shardkvpb.GroupCommand{Writes: ops})
 			ops = nil
 		}
 	}
-	apply(&shardkvpb.GroupCommand{NextConfig: &shardkvpb.Config{Num: 2, Shards: []uint64{7, 8, 8, 7}, Groups: groups}})
-	apply(&shardkvpb.GroupCommand{Gc: &shardkvpb.ShardRef{Shard: s, ConfigNum: 2}})
+	h.apply(&shardkvpb.GroupCommand{NextConfig: &shardkvpb.Config{Num: 2, Shards: []uint64{7, 8, 8, 7}, Groups: groups}})
+	h.apply(&shardkvpb.GroupCommand{Gc: &shardkvpb.ShardRef{Shard: s, ConfigNum: 2}})
 	start := time.Now()
-	for chunks := 0; sm.Shard(s).State == GCing; chunks++ {
+	for chunks := 0; h.sm.Shard(s).State == GCing; chunks++ {
 		t := time.Now()
-		apply(&shardkvpb.GroupCommand{DeleteChunk: &shardkvpb.ShardRef{Shard: s, ConfigNum: 2}})
+		h.apply(&shardkvpb.GroupCommand{DeleteChunk: &shardkvpb.ShardRef{Shard: s, ConfigNum: 2}})
 		if d := time.Since(t); chunks == 0 {
 			first = d
-		} else if sm.Shard(s).State == GCing {
+		} else if h.sm.Shard(s).State == GCing {
 			last = d // the last full chunk
 		}
 	}

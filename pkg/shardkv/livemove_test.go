@@ -76,6 +76,27 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	return true
 }
 
+// twoGroupWorld starts groups 100 and 101 of a world of nshards shards,
+// 101 joining once 100 holds them all, and returns the world, a client and
+// a shard that 100 kept.
+func twoGroupWorld(t *testing.T, nshards int) (*kvtest.World, *client.Client, int) {
+	t.Helper()
+	w := kvtest.New(t, kvtest.Options{Shards: nshards})
+	w.StartGroup(100)
+	w.StartGroup(101)
+	w.Join(100)
+	w.WaitSettled(30 * time.Second)
+	w.Join(101)
+	conf := w.WaitSettled(60 * time.Second)
+	for s, g := range conf.Shards {
+		if g == 100 {
+			return w, w.Client(), s
+		}
+	}
+	t.Fatalf("config %d leaves group 100 no shard", conf.Num)
+	return nil, nil, 0
+}
+
 func latestConfig(t *testing.T, w *kvtest.World) *shardkvpb.Config {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -95,21 +116,7 @@ func latestConfig(t *testing.T, w *kvtest.World) *shardkvpb.Config {
 // owner changes in the very config the move makes.
 func TestLiveMoveServesDuringCopy(t *testing.T) {
 	const nshards = 8
-	w := kvtest.New(t, kvtest.Options{Shards: nshards})
-	w.StartGroup(100)
-	w.StartGroup(101)
-	w.Join(100)
-	w.WaitSettled(30 * time.Second)
-	w.Join(101)
-	conf := w.WaitSettled(60 * time.Second)
-	c := w.Client()
-	s := -1
-	for i, g := range conf.Shards {
-		if g == 100 {
-			s = i
-			break
-		}
-	}
+	w, c, s := twoGroupWorld(t, nshards)
 	keys := fillShard(t, c, s, nshards, 3000)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -447,21 +454,7 @@ func TestLinearizabilityLiveMoves(t *testing.T) {
 // stopped holding, the follower's refusal came only after the whole hold.
 func TestBarrierHoldsWritesOnTheLeaderOnly(t *testing.T) {
 	const nshards = 8
-	w := kvtest.New(t, kvtest.Options{Shards: nshards})
-	w.StartGroup(100)
-	w.StartGroup(101)
-	w.Join(100)
-	w.WaitSettled(30 * time.Second)
-	w.Join(101)
-	conf := w.WaitSettled(60 * time.Second)
-	c := w.Client()
-	s := -1
-	for i, g := range conf.Shards {
-		if g == 100 {
-			s = i
-			break
-		}
-	}
+	w, c, s := twoGroupWorld(t, nshards)
 	keys := fillShard(t, c, s, nshards, 200)
 
 	// The last round is the delta fetch of a frozen source.

@@ -12,7 +12,7 @@ import (
 
 // smHarness drives a StateMachine directly through Apply on a real badger DB.
 type smHarness struct {
-	t     *testing.T
+	t     testing.TB
 	sm    *StateMachine
 	index uint64
 	now   time.Time

@@ -437,7 +437,7 @@ func shardOfKey(sm *StateMachine, key []byte) int {
 }
 
 // openSM opens a state machine of group gid as openFuzzSM does.
-func openSM(t *testing.T, gid uint64) *StateMachine {
+func openSM(t testing.TB, gid uint64) *StateMachine {
 	db, err := badger.Open(raftgroup.StorageOptions(t.TempDir()))
 	if err != nil {
 		t.Fatal(err)
