@@ -350,7 +350,11 @@ func TestCluster(t *testing.T) {
 		if from == 1 {
 			to = 2
 		}
-		// A move is planned: the owner stays until the cut-over.
+		// A move is planned: the owner stays until the cut-over. The target
+		// cannot copy until the plan is cancelled below: an empty shard is
+		// otherwise copied and cut over within a second, before the cancel.
+		w.Faults.Refuse(func(req any) bool { _, ok := req.(*shardkvpb.FetchShardRequest); return ok })
+		defer w.Faults.Refuse(nil)
 		r := mustRun(t, c, "move", "0", fmt.Sprint(to))
 		if !strings.Contains(r.out, fmt.Sprintf("shard 0 pinned to group %d; move from group %d planned", to, from)) || !strings.Contains(r.out, "PLANNED MOVES") {
 			t.Fatalf("move: %s", r.out)
@@ -384,6 +388,7 @@ func TestCluster(t *testing.T) {
 		if !strings.Contains(r.err, "no planned move") {
 			t.Fatalf("move --cancel without a plan: %s", r)
 		}
+		w.Faults.Refuse(nil)
 		// Stop-and-copy hands the shard over at once; --wait follows it
 		// until the target serves it.
 		r = mustRun(t, c, "move", "0", fmt.Sprint(to), "--stop-and-copy", "--wait", "--timeout=30s")

@@ -47,6 +47,7 @@ func (g *Group) run() {
 		}
 		clear(tasks)
 		clear(pullPeer)
+		g.clearFinals() // a new term may have dropped the entries
 		leading = false
 	}
 	defer stopLeading()

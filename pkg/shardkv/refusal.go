@@ -172,6 +172,14 @@ func (g *Group) markFinal(s int, num uint64) {
 	g.finalMu.Unlock()
 }
 
+// clearFinals forgets the last rounds this replica put in its log, when
+// it stops leading: a later term may not have them.
+func (g *Group) clearFinals() {
+	g.finalMu.Lock()
+	clear(g.finals)
+	g.finalMu.Unlock()
+}
+
 func (g *Group) finalAppended(s int, num uint64) bool {
 	g.finalMu.Lock()
 	defer g.finalMu.Unlock()
