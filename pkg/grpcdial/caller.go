@@ -110,7 +110,7 @@ func (c *Caller) Round(ctx context.Context, key uint64, addrs []string, opts Cal
 			err = attempt(ctx, opts.AttemptTimeout, f, addr, cc)
 		}
 		if err == nil {
-			c.setLeader(key, addr)
+			c.Hint(key, addr)
 			return nil
 		}
 		last = err
@@ -118,7 +118,7 @@ func (c *Caller) Round(ctx context.Context, key uint64, addrs []string, opts Cal
 			return err
 		}
 		if _, hint, ok := shardkvpb.LeaderHint(err); ok && hint != "" {
-			c.setLeader(key, hint)
+			c.Hint(key, hint)
 			if !tried[hint] {
 				queue = append([]string{hint}, queue...)
 			}
@@ -188,8 +188,9 @@ func (c *Caller) order(key uint64, addrs []string) []string {
 	return out
 }
 
-// Hint remembers addr as group key's leader, as heard from elsewhere (a
-// refusal by another group naming the owner's leader).
+// Hint remembers addr as group key's leader: from a replica that answered,
+// a NOT_LEADER hint, or a refusal by another group naming the owner's
+// leader.
 func (c *Caller) Hint(key uint64, addr string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -197,14 +198,6 @@ func (c *Caller) Hint(key uint64, addr string) {
 		c.sets[key] = &replicaSet{}
 	}
 	c.sets[key].leader = addr
-}
-
-func (c *Caller) setLeader(key uint64, addr string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if s := c.sets[key]; s != nil {
-		s.leader = addr
-	}
 }
 
 // Backoff is a jittered exponential delay: Base (default 10 ms), doubling

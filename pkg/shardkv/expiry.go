@@ -159,14 +159,7 @@ func (a *applyCtx) tombstoneScan(cursor []byte) (keys [][]byte, whole bool) {
 		k := it.Item().KeyCopy(nil)
 		keys, size = append(keys, k), size+len(k)
 	}
-	if cursor != nil { // Seek alone: a Rewind first steps over every deleted key before the first live one
-		it.Seek(cursor)
-		if it.Valid() && bytes.Equal(it.Item().Key(), cursor) {
-			it.Next()
-		}
-	} else {
-		it.Rewind()
-	}
+	startAfter(it, cursor, cursor != nil)
 	for ; it.Valid(); it.Next() {
 		if full() {
 			return keys, false

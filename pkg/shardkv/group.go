@@ -157,11 +157,7 @@ func (g *Group) Stop() {
 
 // propose runs a group command through the log.
 func (g *Group) propose(ctx context.Context, cmd *shardkvpb.GroupCommand) (any, error) {
-	b, err := proto.Marshal(cmd)
-	if err != nil {
-		return nil, err
-	}
-	return g.r.Propose(ctx, b)
+	return g.proposeNotify(ctx, cmd, nil)
 }
 
 // proposeNotify is propose; appended runs once the entry is in the

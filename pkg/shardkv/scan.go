@@ -136,14 +136,7 @@ func (g *Group) Scan(after []byte, count int, match func(key []byte) bool) (keys
 		now := ns / 1e6
 		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'d'}})
 		defer it.Close()
-		if after != nil { // Seek alone: a Rewind first steps over every deleted key before the first live one
-			it.Seek(after)
-			if it.Valid() && bytes.Equal(it.Item().Key(), after) {
-				it.Next()
-			}
-		} else {
-			it.Rewind()
-		}
+		startAfter(it, after, after != nil)
 		examined := 0
 		for it.Valid() {
 			k := it.Item().Key()

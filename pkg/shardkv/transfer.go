@@ -91,14 +91,7 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 	defer it.Close()
 	chunk := newChunk()
 	size := 0
-	if resume { // Seek alone: see deleteChunk
-		it.Seek(after)
-		if it.ValidForPrefix(prefix) && bytes.Equal(it.Item().Key(), after) {
-			it.Next()
-		}
-	} else {
-		it.Rewind()
-	}
+	startAfter(it, after, resume)
 	for ; it.ValidForPrefix(prefix); it.Next() {
 		k := it.Item().KeyCopy(nil)
 		v, err := it.Item().ValueCopy(nil)
@@ -322,16 +315,9 @@ func (a *applyCtx) deleteChunk(r *shardkvpb.ShardRef) (any, error) {
 	var dels []doomed
 	cost := 0
 	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: false})
-	// Start after the previous chunk: from the shard's start, the iterator
-	// would step over the delete markers of every key deleted so far, which
-	// made deleting a shard quadratic. Seek alone: a Rewind before it
-	// already stepped over them all (80,000 keys: the last chunk took 22
-	// times the first; BenchmarkShardGC).
-	if m.Resumed {
-		it.Seek(m.Resume)
-	} else {
-		it.Rewind()
-	}
+	// Start after the previous chunk (its last key is deleted, so not seen
+	// again), never from the shard's start.
+	startAfter(it, m.Resume, m.Resumed)
 	for ; it.Valid() && len(dels) < DeleteChunkKeys; it.Next() {
 		item := it.Item()
 		// The key's delete and its index entry's, at most this long.
