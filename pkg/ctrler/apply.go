@@ -33,9 +33,8 @@ type initMeta struct {
 
 // Apply applies controller commands. Every replica computes the same
 // configs: placement is deterministic and nothing iterates a Go map.
-func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
-	b := newBatch(sm.store.DB())
-	defer b.discard()
+func (sm *StateMachine) Apply(rb *raftgroup.Batch, ents []raftgroup.Entry) error {
+	b := newBatch(rb, sm.store.DB())
 	made := false
 	for i := range ents {
 		e := &ents[i]
@@ -58,11 +57,11 @@ func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
 		made = made || newConf
 		e.Result = res
 	}
-	if err := b.commit(ents[len(ents)-1].Index); err != nil {
+	if err := b.done(ents[len(ents)-1].Index); err != nil {
 		return err
 	}
 	if made {
-		sm.notify()
+		rb.AfterCommit(sm.notify)
 	}
 	return nil
 }

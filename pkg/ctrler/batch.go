@@ -16,8 +16,9 @@ import (
 // and the rest is applied again at restart, as with any Apply.
 // Reads go to the open transaction (b.txn): they see every write flushed.
 type batch struct {
+	rb          *raftgroup.Batch
 	db          *badger.DB
-	txn         *badger.Txn
+	txn         *badger.Txn // rb's open transaction
 	pending     []write
 	size, count int64  // of the open transaction's writes
 	prev        uint64 // the index before the entry being applied
@@ -33,7 +34,10 @@ type write struct {
 // costs less (its pointer), so this is an upper bound.
 func writeCost(w write) int64 { return int64(len(w.key)+len(w.val)) + 32 }
 
-func newBatch(db *badger.DB) *batch { return &batch{db: db, txn: db.NewTransaction(true)} }
+func newBatch(rb *raftgroup.Batch, db *badger.DB) *batch {
+	records, bytes := rb.Size() // the engine's log writes share the transaction
+	return &batch{rb: rb, db: db, txn: rb.Txn(), size: int64(bytes), count: int64(records)}
+}
 
 func (b *batch) set(k, v []byte) { b.pending = append(b.pending, write{key: k, val: v}) }
 func (b *batch) del(k []byte)    { b.pending = append(b.pending, write{key: k, del: true}) }
@@ -51,7 +55,6 @@ func (b *batch) flush() error {
 		if err := b.commit(b.prev); err != nil {
 			return err
 		}
-		b.txn = b.db.NewTransaction(true)
 	}
 	for _, w := range b.pending {
 		var err error
@@ -68,12 +71,24 @@ func (b *batch) flush() error {
 	return nil
 }
 
+// commit commits the open transaction with applied, its last entry, and
+// opens the next (applied 0: the log's first entry is the one being
+// applied, so nothing of the state machine is in it).
 func (b *batch) commit(applied uint64) error {
-	if err := raftgroup.StoreApplied(b.txn, keyApplied, applied); err != nil {
+	if applied != 0 {
+		if err := raftgroup.StoreApplied(b.txn, keyApplied, applied); err != nil {
+			return err
+		}
+	}
+	if err := b.rb.Commit(); err != nil {
 		return err
 	}
-	b.size, b.count = 0, 0
-	return b.txn.Commit()
+	b.txn, b.size, b.count = b.rb.Txn(), 0, 0
+	return nil
 }
 
-func (b *batch) discard() { b.txn.Discard() }
+// done stores applied, the batch's last entry, for the engine to commit
+// with the Ready.
+func (b *batch) done(applied uint64) error {
+	return raftgroup.StoreApplied(b.txn, keyApplied, applied)
+}

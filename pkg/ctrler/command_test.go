@@ -84,11 +84,11 @@ func TestJSONAndProtobufLogsAgree(t *testing.T) {
 		curEnts = append(curEnts, raftgroup.Entry{Index: uint64(i + 1), Time: at, Cmd: b})
 	}
 	for i := range oldEnts { // one entry per Apply, as replay may deliver them
-		if err := old.Apply(oldEnts[i : i+1]); err != nil {
+		if err := raftgroup.ApplyAlone(old, old.store.DB(), oldEnts[i:i+1]); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := cur.Apply(curEnts); err != nil {
+	if err := raftgroup.ApplyAlone(cur, cur.store.DB(), curEnts); err != nil {
 		t.Fatal(err)
 	}
 	for i := range oldEnts {

@@ -98,7 +98,7 @@ func applyCtrlLog(t *testing.T, sm *StateMachine, ents []raftgroup.Entry, g *ctr
 			n = 1 + g.intn(8)
 		}
 		n = min(n, len(es)-i)
-		if err := sm.Apply(es[i : i+n]); err != nil {
+		if err := raftgroup.ApplyAlone(sm, sm.store.DB(), es[i:i+n]); err != nil {
 			t.Fatalf("Apply [%d,%d]: %.500v", es[i].Index, es[i+n-1].Index, err)
 		}
 		i += n
@@ -224,7 +224,7 @@ func (g *ctrlLogGen) planned(ents []raftgroup.Entry) []*shardkvpb.PlannedMove {
 		return nil
 	}
 	if g.shadowed < len(ents) {
-		if err := g.shadow.Apply(slices.Clone(ents[g.shadowed:])); err != nil {
+		if err := raftgroup.ApplyAlone(g.shadow, g.shadow.store.DB(), slices.Clone(ents[g.shadowed:])); err != nil {
 			g.shadow = nil // the comparison reports it
 			return nil
 		}

@@ -44,7 +44,7 @@ func grp(gid uint64, weight uint32) *shardkvpb.Group {
 
 func mustApply(t *testing.T, sm *StateMachine, ents []raftgroup.Entry) {
 	t.Helper()
-	if err := sm.Apply(ents); err != nil {
+	if err := raftgroup.ApplyAlone(sm, sm.store.DB(), ents); err != nil {
 		t.Fatalf("Apply of %d entries [%d,%d] stopped the replica: %.300v", len(ents), ents[0].Index, ents[len(ents)-1].Index, err)
 	}
 }

@@ -40,7 +40,9 @@ type LocalOptions struct {
 	LogLevel       string `json:"-"`
 	// MigrateBytesPerSec is passed to every data group (node serve).
 	MigrateBytesPerSec int64 `json:"-"`
-	given              map[string]bool
+	// PProf is passed to every process (node serve --pprof).
+	PProf bool `json:"-"`
+	given map[string]bool
 }
 
 // ParseLocal parses `node local` arguments.
@@ -60,6 +62,7 @@ func ParseLocal(args []string, stderr io.Writer) (*LocalOptions, error) {
 	fs.StringVar(&o.Placement, "placement", string(placement.Balanced), "balanced or consistent-hash (fixed when the cluster is created)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "children's log level")
 	fs.Int64Var(&o.MigrateBytesPerSec, "migrate-bytes-per-sec", 0, "every data group's copy rate limit, bytes/s (0: none)")
+	fs.BoolVar(&o.PProf, "pprof", false, "every process serves Go's profiler under /debug/pprof/ on its HTTP port")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
@@ -188,6 +191,9 @@ func (o *LocalOptions) layout() (ctrl []*proc, groups map[uint64][]*proc) {
 		p.args = []string{"serve", "--role=ctrler", fmt.Sprint("--id=", p.id), "--data-dir=" + filepath.Join(o.DataDir, p.name),
 			"--listen=" + p.grpc, "--http=" + p.http, "--peers=" + peers(ctrl), fmt.Sprint("--shards=", o.Shards),
 			"--placement=" + o.Placement, "--log-level=" + o.LogLevel}
+		if o.PProf {
+			p.args = append(p.args, "--pprof")
+		}
 	}
 	for gid, ps := range groups {
 		for _, p := range ps {
@@ -199,6 +205,9 @@ func (o *LocalOptions) layout() (ctrl []*proc, groups map[uint64][]*proc) {
 			}
 			if o.MigrateBytesPerSec > 0 {
 				p.args = append(p.args, fmt.Sprint("--migrate-bytes-per-sec=", o.MigrateBytesPerSec))
+			}
+			if o.PProf {
+				p.args = append(p.args, "--pprof")
 			}
 		}
 	}

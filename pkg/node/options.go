@@ -52,7 +52,10 @@ type Options struct {
 	// Raft log compaction (0: raftgroup's defaults).
 	SnapshotEntries, TrailingEntries uint64
 	HTTP                             string
-	LogLevel                         string
+	// PProf serves Go's profiler under /debug/pprof/ on --http. Off by
+	// default: a profile shows internals and costs CPU while it runs.
+	PProf    bool
+	LogLevel string
 }
 
 // EnvPrefix: every flag can also come from SHARDKV_<FLAG> (upper case, '-'
@@ -115,6 +118,7 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 	fs.Uint64Var(&o.SnapshotEntries, "snapshot-entries", 0, "compact the Raft log every so many applied entries (0: 10000); small values make snapshots and compactions frequent, for tests")
 	fs.Uint64Var(&o.TrailingEntries, "trailing-entries", 0, "entries kept in the Raft log after a compaction, for followers slightly behind (0: 5000)")
 	fs.StringVar(&o.HTTP, "http", "", "host:port for /healthz, /readyz and /metrics")
+	fs.BoolVar(&o.PProf, "pprof", false, "also serve Go's profiler under /debug/pprof/ on --http (unauthenticated: only where --http is private)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err

@@ -21,7 +21,7 @@ type timeSM struct {
 	clocks    int         // of which clock entries (no command)
 }
 
-func (s *timeSM) Apply(ents []raftgroup.Entry) error {
+func (s *timeSM) Apply(b *raftgroup.Batch, ents []raftgroup.Entry) error {
 	s.mu.Lock()
 	for _, e := range ents {
 		if !e.Time.IsZero() {
@@ -32,7 +32,7 @@ func (s *timeSM) Apply(ents []raftgroup.Entry) error {
 		}
 	}
 	s.mu.Unlock()
-	return s.KV.Apply(ents)
+	return s.KV.Apply(b, ents)
 }
 
 func (s *timeSM) TimeDependent() bool { return s.dependent.Load() }

@@ -500,21 +500,36 @@ func (r *Replica) handleReady(rd raft.Ready) error {
 		r.trans.send(rd.Messages)
 	}
 
-	// 1. Persist: snapshot first, then hard state and entries, one fsync.
+	// 1. Persist and apply, one commit: the snapshot first (its own
+	// writes), then the hard state and entries, and the state machine's
+	// changes for the committed entries in the same transaction, so the
+	// Ready costs one fsync. Entries committed in this Ready may be
+	// among those it appends; they commit together.
 	if rd.Snapshot != nil && !raft.IsEmptySnap(rd.Snapshot) {
 		if err := r.installSnapshot(rd.Snapshot); err != nil {
 			return fmt.Errorf("install snapshot: %w", err)
 		}
 	}
-	if err := r.store.save(rd.HardState, rd.Entries, rd.MustSync); err != nil {
+	b := NewBatch(r.db)
+	b.syncs = r.store.syncs
+	defer b.Discard()
+	if err := r.store.stage(b, rd.HardState, rd.Entries, rd.MustSync); err != nil {
 		return err
+	}
+	b.AfterCommit(func() {
+		r.props.noteAppended(rd.Entries)
+		for _, e := range rd.Entries {
+			r.clock.observe(entryTime(e))
+		}
+	})
+	if err := r.apply(b, rd.CommittedEntries); err != nil {
+		return err
+	}
+	if err := b.Commit(); err != nil {
+		return fmt.Errorf("raft log and apply: %w", err)
 	}
 	if err := r.fault.check(); err != nil {
 		return err
-	}
-	r.props.noteAppended(rd.Entries)
-	for _, e := range rd.Entries {
-		r.clock.observe(entryTime(e))
 	}
 
 	// 2. Send, now that our own copy is durable (a leader sent before).
@@ -526,22 +541,23 @@ func (r *Replica) handleReady(rd raft.Ready) error {
 	for _, rs := range rd.ReadStates {
 		r.reads.readState(rs)
 	}
-
-	// 4. Apply.
-	if err := r.apply(rd.CommittedEntries); err != nil {
-		return err
-	}
 	return r.maybeCompact()
 }
 
-// apply hands committed entries to the state machine and membership changes
-// to raft, then resolves the proposals they answer.
-func (r *Replica) apply(ents []*pb.Entry) error {
+// apply hands committed entries to the state machine, writing into b, and
+// membership changes to raft; once b commits, it resolves the proposals
+// they answer.
+func (r *Replica) apply(b *Batch, ents []*pb.Entry) error {
 	if len(ents) == 0 {
 		return nil
 	}
 	batch := make([]Entry, 0, len(ents))
 	var ids []proposalID
+	type replayed struct {
+		index, term uint64
+		id          proposalID
+	}
+	var skipped []replayed
 	for _, e := range ents {
 		r.logSizes = append(r.logSizes, entrySize{e.GetIndex(), uint64(len(e.GetData()))})
 		r.bytesSinceSnap += uint64(len(e.GetData()))
@@ -564,29 +580,33 @@ func (r *Replica) apply(ents []*pb.Entry) error {
 			// Already in the state machine (replay after restart, or covered
 			// by a restored snapshot). Its result is gone; only tell the
 			// proposer, if any, that it did execute.
-			r.props.resolveApplied(ent.Index, ent.Term, id, nil, true)
+			skipped = append(skipped, replayed{ent.Index, ent.Term, id})
 			continue
 		}
 		batch = append(batch, ent)
 		ids = append(ids, id)
 	}
 	if len(batch) > 0 {
-		if err := r.sm.Apply(batch); err != nil {
+		if err := r.sm.Apply(b, batch); err != nil {
 			return fmt.Errorf("state machine apply [%d,%d]: %w", batch[0].Index, batch[len(batch)-1].Index, err)
 		}
-		if err := r.fault.check(); err != nil {
-			return err
-		}
 		r.smApplied = batch[len(batch)-1].Index
+	}
+	last := ents[len(ents)-1].GetIndex()
+	r.raftApplied = last
+	// Proposers hear of their entries, and readers may read them, only
+	// once they are durable.
+	b.AfterCommit(func() {
+		for _, s := range skipped {
+			r.props.resolveApplied(s.index, s.term, s.id, nil, true)
+		}
 		r.metrics.AppliedEntries.Add(uint64(len(batch)))
 		for i := range batch {
 			r.props.resolveApplied(batch[i].Index, batch[i].Term, ids[i], batch[i].Result, false)
 		}
-	}
-	last := ents[len(ents)-1].GetIndex()
-	r.raftApplied = last
-	r.applied.Store(max(last, r.smApplied))
-	r.applyW.advance(r.applied.Load())
+		r.applied.Store(max(last, r.smApplied))
+		r.applyW.advance(r.applied.Load())
+	})
 	return nil
 }
 

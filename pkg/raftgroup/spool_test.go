@@ -45,18 +45,14 @@ func (s *spoolSM) Open(db *badger.DB) (uint64, error) {
 	return s.store.Open(db)
 }
 
-func (s *spoolSM) Apply(ents []Entry) error {
-	txn := s.store.DB().NewTransaction(true)
-	defer txn.Discard()
+func (s *spoolSM) Apply(b *Batch, ents []Entry) error {
+	txn := b.Txn()
 	for _, e := range ents {
 		if err := txn.Set(fmt.Appendf(nil, "s/%016x", e.Index), e.Cmd); err != nil {
 			return err
 		}
 	}
-	if err := StoreApplied(txn, spoolApplied, ents[len(ents)-1].Index); err != nil {
-		return err
-	}
-	return txn.Commit()
+	return StoreApplied(txn, spoolApplied, ents[len(ents)-1].Index)
 }
 
 func (s *spoolSM) Snapshot() (Snapshot, error) { return s.store.Snapshot() }
@@ -114,7 +110,7 @@ func (s *spoolSource) stream(t *testing.T, index uint64, members map[uint64]stri
 		s.applied++
 		ents = append(ents, Entry{Index: s.applied, Term: 1, Cmd: fmt.Appendf(nil, "v%d", s.applied)})
 	}
-	if err := s.sm.Apply(ents); err != nil {
+	if err := ApplyAlone(s.sm, s.sm.store.DB(), ents); err != nil {
 		t.Fatal(err)
 	}
 	ids := slices.Sorted(func(yield func(uint64) bool) {

@@ -45,19 +45,23 @@ type StateMachine interface {
 	// returns the index of the last entry whose effects are stored.
 	Open(db *badger.DB) (applied uint64, err error)
 
-	// Apply applies committed entries in order. It must be deterministic: the
-	// same entries on the same state give the same state on every replica.
-	// It must store the index of the last entry atomically with the state
-	// changes (in the same badger transaction), so a restart neither applies
-	// an entry twice nor loses one. It need not fsync: the engine's next
-	// durable write, and a sync before every log compaction, cover it.
+	// Apply applies committed entries in order, writing through b (see
+	// Batch): the engine commits b with the Ready's log writes, one fsync
+	// for both. It must be deterministic: the same entries on the same
+	// state give the same state on every replica. It must store the index
+	// of the last entry in the same transaction as the changes, so a
+	// restart neither applies an entry twice nor loses one; when it
+	// commits b to make room, the part committed must hold whole entries
+	// and the index of its last. In-memory state that readers trust is
+	// published after the commit (Batch.AfterCommit): until then the
+	// changes are not durable, and the replica stops if the commit fails.
 	// Return an error only for a storage fault (badger failed to read or
 	// commit): it stops the replica (docs/engine.md: recovery). Anything an
 	// entry's content can cause (a bad record, a limit, a decode error)
 	// must be that entry's Result, the same on every replica: an error
 	// here would stop every replica at the same entry, and again at every
 	// restart, since the entry stays in the log.
-	Apply(entries []Entry) error
+	Apply(b *Batch, entries []Entry) error
 
 	// Snapshot returns a consistent point-in-time view of the whole state,
 	// typically a badger read transaction. It may be called from another

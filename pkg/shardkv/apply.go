@@ -37,7 +37,8 @@ type OpResult struct {
 // last). Shard metadata changes are staged and published after commit.
 type applyCtx struct {
 	sm      *StateMachine
-	txn     *badger.Txn
+	b       *raftgroup.Batch
+	txn     *badger.Txn // b's open transaction
 	index   uint64
 	nowNS   int64
 	metas   map[int]ShardMeta // staged shard metas
@@ -144,12 +145,12 @@ func (a *applyCtx) setMeta(s int, m ShardMeta) error {
 // fault (badger failed to read or commit); everything an entry's content can
 // cause, from a bad record to a command too large for one transaction, is
 // that entry's result, the same on every replica.
-func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
+func (sm *StateMachine) Apply(b *raftgroup.Batch, ents []raftgroup.Entry) error {
 	sm.mu.RLock()
-	a := &applyCtx{sm: sm, txn: sm.store.DB().NewTransaction(true), metas: map[int]ShardMeta{}, config: sm.config, prev: sm.prev, nowNS: sm.logTime,
+	a := &applyCtx{sm: sm, b: b, txn: b.Txn(), metas: map[int]ShardMeta{}, config: sm.config, prev: sm.prev, nowNS: sm.logTime,
 		sessions: map[string]*stagedSession{}}
 	sm.mu.RUnlock()
-	defer func() { a.txn.Discard() }()
+	a.used.records, a.used.bytes = b.Size()
 	for i := range ents {
 		e := &ents[i]
 		a.index = e.Index
@@ -183,10 +184,11 @@ func (sm *StateMachine) Apply(ents []raftgroup.Entry) error {
 	return a.commit(true)
 }
 
-// commit stores the applied index with the changes and publishes the new
-// metadata; unless final, it opens the next transaction. Splitting a batch
-// over several transactions is safe: each one covers whole entries and
-// records the index of the last.
+// commit stores the applied index with the changes, and publishes the new
+// metadata once they are committed: by the engine with the Ready (final),
+// or here, to open the next transaction. Splitting a batch over several
+// transactions is safe: each one covers whole entries and records the
+// index of the last.
 func (a *applyCtx) commit(final bool) error {
 	if err := raftgroup.StoreApplied(a.txn, keyApplied, a.last); err != nil {
 		return err
@@ -194,33 +196,37 @@ func (a *applyCtx) commit(final bool) error {
 	if err := a.txn.Set(keyLogTime, binary.BigEndian.AppendUint64(nil, uint64(a.lastNS))); err != nil {
 		return err
 	}
-	if err := a.txn.Commit(); err != nil {
-		return fmt.Errorf("commit up to entry %d: %w", a.last, err)
-	}
+	metas, config, prev, logTime, changed := a.metas, a.config, a.prev, a.lastNS, a.changed
 	sm := a.sm
-	sm.mu.Lock()
-	for s, m := range a.metas {
-		if m.State == NotOwned {
-			delete(sm.shards, s)
-		} else {
-			sm.shards[s] = m
+	a.b.AfterCommit(func() {
+		sm.mu.Lock()
+		for s, m := range metas {
+			if m.State == NotOwned {
+				delete(sm.shards, s)
+			} else {
+				sm.shards[s] = m
+			}
 		}
-	}
-	sm.config, sm.prev, sm.logTime = a.config, a.prev, a.lastNS
-	var notify chan struct{}
-	if a.changed {
-		notify = sm.changed
-		sm.changed = make(chan struct{})
-	}
-	sm.mu.Unlock()
-	if notify != nil {
-		close(notify)
-	}
+		sm.config, sm.prev, sm.logTime = config, prev, logTime
+		var notify chan struct{}
+		if changed {
+			notify = sm.changed
+			sm.changed = make(chan struct{})
+		}
+		sm.mu.Unlock()
+		if notify != nil {
+			close(notify)
+		}
+	})
 	a.metas = map[int]ShardMeta{}
 	a.changed = false
-	if !final {
-		a.txn, a.used, a.last = sm.store.DB().NewTransaction(true), budget{}, 0
+	if final {
+		return nil
 	}
+	if err := a.b.Commit(); err != nil {
+		return fmt.Errorf("commit up to entry %d: %w", a.last, err)
+	}
+	a.txn, a.used, a.last = a.b.Txn(), budget{}, 0
 	return nil
 }
 
@@ -255,8 +261,19 @@ func (a *applyCtx) apply(cmd *shardkvpb.GroupCommand) (any, error) {
 // transactions does not change the state.
 func (a *applyCtx) room(b budget) error {
 	lim := a.sm.txnMax
-	if a.last != 0 && (a.used.records+b.records+commitRecords >= lim.records || a.used.bytes+b.bytes+commitCost >= lim.bytes) {
+	if a.used.records+b.records+commitRecords < lim.records && a.used.bytes+b.bytes+commitCost < lim.bytes {
+		return nil
+	}
+	switch {
+	case a.last != 0:
 		return a.commit(false)
+	case a.used != budget{}:
+		// Only the engine's log writes are in the transaction (no entry
+		// applied in it yet): they go first, alone.
+		if err := a.b.Commit(); err != nil {
+			return fmt.Errorf("commit the log writes: %w", err)
+		}
+		a.txn, a.used = a.b.Txn(), budget{}
 	}
 	return nil
 }

@@ -85,7 +85,7 @@ func applyAll(t *testing.T, sm *StateMachine, ents []raftgroup.Entry, g *logGen)
 			n = 1 + g.intn(4)
 		}
 		n = min(n, len(es)-i)
-		if err := sm.Apply(es[i : i+n]); err != nil {
+		if err := raftgroup.ApplyAlone(sm, sm.store.DB(), es[i:i+n]); err != nil {
 			t.Fatalf("Apply [%d,%d]: %.500v", es[i].Index, es[i+n-1].Index, err)
 		}
 		i += n

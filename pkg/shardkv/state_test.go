@@ -61,7 +61,7 @@ func (h *smHarness) apply(cmd *shardkvpb.GroupCommand) any {
 	}
 	h.index++
 	ents := []raftgroup.Entry{{Index: h.index, Term: 1, Time: h.now, Cmd: b}}
-	if err := h.sm.Apply(ents); err != nil {
+	if err := raftgroup.ApplyAlone(h.sm, h.sm.store.DB(), ents); err != nil {
 		h.t.Fatal(err)
 	}
 	return ents[0].Result

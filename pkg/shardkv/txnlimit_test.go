@@ -295,7 +295,7 @@ func (l *entryLog) add(cmd *shardkvpb.GroupCommand) any {
 	l.ents = append(l.ents, e)
 	es := []raftgroup.Entry{e}
 	if l.sm != nil {
-		if err := l.sm.Apply(es); err != nil {
+		if err := raftgroup.ApplyAlone(l.sm, l.sm.store.DB(), es); err != nil {
 			l.t.Fatalf("Apply %d: %.500v", e.Index, err)
 		}
 	}
@@ -315,10 +315,10 @@ func TestNextConfigLargeConfigsInBatch(t *testing.T) {
 	l.add(&shardkvpb.GroupCommand{NextConfig: &shardkvpb.Config{Num: 1, Shards: []uint64{7, 7, 7, 7}, Groups: groups}})
 	l.add(&shardkvpb.GroupCommand{Writes: []*shardkvpb.WriteOp{{Kind: shardkvpb.WriteOp_PUT, Key: []byte("k"), Value: bytes.Repeat([]byte{'v'}, 1_000_000)}}})
 	l.add(&shardkvpb.GroupCommand{NextConfig: &shardkvpb.Config{Num: 2, Shards: []uint64{7, 7, 7, 7}, Groups: groups}})
-	if err := sm.Apply(l.ents[:1]); err != nil {
+	if err := raftgroup.ApplyAlone(sm, sm.store.DB(), l.ents[:1]); err != nil {
 		t.Fatal(err)
 	}
-	if err := sm.Apply(l.ents[1:]); err != nil {
+	if err := raftgroup.ApplyAlone(sm, sm.store.DB(), l.ents[1:]); err != nil {
 		t.Fatalf("a config step after a large write in one Apply: %.300v", err)
 	}
 	if r := l.ents[2].Result; r != nil || sm.Config().Num != 2 {
@@ -414,7 +414,7 @@ func TestBulkEntriesSameStateBatched(t *testing.T) {
 	b, c := openFuzzSM(t), openFuzzSM(t)
 	rb := applyAll(t, b, l.ents, &logGen{in: bytes.Repeat([]byte{3, 0, 2, 1, 3, 3, 1}, 40)})
 	es := append([]raftgroup.Entry(nil), l.ents...)
-	if err := c.Apply(es); err != nil {
+	if err := raftgroup.ApplyAlone(c, c.store.DB(), es); err != nil {
 		t.Fatalf("the whole log in one Apply: %.500v", err)
 	}
 	for i := range l.ents {
@@ -517,7 +517,7 @@ func TestPulledChunksFitOneEntry(t *testing.T) {
 			l := &entryLog{t: t, index: dst.index, now: dst.now}
 			l.add(&shardkvpb.GroupCommand{Writes: []*shardkvpb.WriteOp{{Kind: shardkvpb.WriteOp_PUT, Key: bigKey, Value: bytes.Repeat([]byte{'v'}, 1_000_000)}}})
 			l.add(&shardkvpb.GroupCommand{Insert: ins})
-			if err := dst.sm.Apply(l.ents); err != nil {
+			if err := raftgroup.ApplyAlone(dst.sm, dst.sm.store.DB(), l.ents); err != nil {
 				return fmt.Errorf("install entry after a large write: %.300v", err)
 			}
 			dst.index = l.index

@@ -61,9 +61,8 @@ func (kv *KV) Open(db *badger.DB) (uint64, error) {
 	return kv.store.Open(db)
 }
 
-func (kv *KV) Apply(ents []raftgroup.Entry) error {
-	txn := kv.store.DB().NewTransaction(true)
-	defer txn.Discard()
+func (kv *KV) Apply(b *raftgroup.Batch, ents []raftgroup.Entry) error {
+	txn := b.Txn() // small entries: the engine's share leaves room
 	for i := range ents {
 		e := &ents[i]
 		if e.Cmd == nil {
@@ -93,10 +92,7 @@ func (kv *KV) Apply(ents []raftgroup.Entry) error {
 		}
 		e.Result = old
 	}
-	if err := raftgroup.StoreApplied(txn, keyApplied, ents[len(ents)-1].Index); err != nil {
-		return err
-	}
-	return txn.Commit()
+	return raftgroup.StoreApplied(txn, keyApplied, ents[len(ents)-1].Index)
 }
 
 func get(txn *badger.Txn, k []byte) (string, error) {
