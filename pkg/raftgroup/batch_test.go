@@ -49,8 +49,8 @@ func TestReadyCommitsLogAndApplyOnce(t *testing.T) {
 	for _, id := range c.IDs() {
 		before[id] = c.Replica(id).Metrics().Fsyncs.Load()
 	}
-	w := engStartWriters(t, c, 16, "share")
-	w.waitAcked(600)
+	w := engStartWriters(t, c, 32, "share")
+	w.waitAcked(1500)
 	acked := w.stop()
 	last := c.Replica(leader).AppliedIndex()
 	mu.Lock()

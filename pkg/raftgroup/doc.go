@@ -9,8 +9,9 @@
 //   - Open(db) gets the replica's badger DB and returns the applied index
 //     stored in it. Keys starting with byte 0x00 belong to the engine; the
 //     state machine owns every other key.
-//   - Apply(entries) applies committed entries in log order and stores the
-//     last entry's index in the same badger transaction as the changes. Set
+//   - Apply(b, entries) applies committed entries in log order into the
+//     Ready's Batch (b.Txn), stores the last entry's index in the same
+//     transaction, and publishes in-memory state in b.AfterCommit. Set
 //     Entry.Result to hand a value back to the proposer. Use Entry.Time, the
 //     group's time recorded in the log, for anything time-based. Never let
 //     Go map order or local clocks influence the state. A state machine
@@ -49,11 +50,11 @@
 //
 // # Durability
 //
-// The Ready loop persists hard state and entries in one badger write batch
-// with one fsync per Ready, before sending any message or applying anything.
-// A write is acknowledged only once a quorum has it on disk. State machine
-// writes are not fsynced on their own: the log can replay them, and the engine
-// syncs before it compacts the log past them.
+// The Ready loop persists hard state and entries, and the state machine's
+// changes for the Ready's committed entries, in one badger commit: one
+// fsync per Ready (badger's SyncWrites), before a follower sends any
+// message and before any proposer or reader hears of the changes. A write
+// is acknowledged only once a quorum has it on disk.
 //
 // # Membership
 //

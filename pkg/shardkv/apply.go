@@ -96,6 +96,7 @@ func (a *applyCtx) set(k, v []byte) error {
 		return nil
 	}
 	a.used.add(len(k), len(v))
+	a.sm.cache.put(k, v)
 	return a.txn.Set(k, v)
 }
 
@@ -105,6 +106,7 @@ func (a *applyCtx) del(k []byte) error {
 		return nil
 	}
 	a.used.add(len(k), 0)
+	a.sm.cache.put(k, nil)
 	return a.txn.Delete(k)
 }
 
@@ -118,6 +120,9 @@ func (a *applyCtx) value(k []byte) ([]byte, error) {
 			}
 			return w.v, nil
 		}
+	}
+	if v, ok := a.sm.cache.get(k); ok {
+		return v, nil
 	}
 	return raftgroup.GetValue(a.txn, k)
 }

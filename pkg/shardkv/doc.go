@@ -29,6 +29,7 @@
 //	statemachine.go  the type, Open and load
 //	layout.go        storage keys and value records
 //	apply.go         applying log entries (a write command all or nothing)
+//	recordcache.go   apply's last small writes, read before the LSM tree
 //	budget.go        what one write command may write: limits, worst case
 //	ops.go           what one write op does to a record
 //	sessions.go      exactly-once sessions of pipelining clients

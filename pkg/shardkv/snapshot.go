@@ -14,6 +14,7 @@ func (sm *StateMachine) Snapshot() (raftgroup.Snapshot, error) {
 var statePrefixes = [][]byte{metaPrefix, {'s'}, {'d'}, {'e'}, {'t'}, {'x'}}
 
 func (sm *StateMachine) Restore(r io.Reader) (uint64, error) {
+	sm.cache.reset()
 	applied, err := sm.store.Restore(r)
 	sm.mu.Lock()
 	close(sm.changed)

@@ -24,6 +24,7 @@ type StateMachine struct {
 	logTime int64             // log clock (Unix ns), never moving back (docs/time.md)
 	changed chan struct{}     // closed and replaced on every state change that loops care about
 	txnMax  budget            // badger's per-transaction limits, from Open
+	cache   recordCache       // apply's last writes (Apply and Restore only)
 
 	// Process-lifetime counters of shard data received and deleted through
 	// the log (every replica counts what it applies).
