@@ -300,18 +300,26 @@ func (s *logStorage) stage(b *Batch, hs *pb.HardState, ents []*pb.Entry, sync bo
 		moved()
 		return nil
 	}
+	if err := writeOps(ops, b.set, b.del); err != nil {
+		return err
+	}
+	b.AfterCommit(moved)
+	return nil
+}
+
+// writeOps writes ops in order through set and del.
+func writeOps(ops []logOp, set func(k, v []byte) error, del func(k []byte) error) error {
 	for _, op := range ops {
 		var err error
 		if op.del {
-			err = b.del(op.key)
+			err = del(op.key)
 		} else {
-			err = b.set(op.key, op.val)
+			err = set(op.key, op.val)
 		}
 		if err != nil {
 			return err
 		}
 	}
-	b.AfterCommit(moved)
 	return nil
 }
 
@@ -321,16 +329,8 @@ func (s *logStorage) stage(b *Batch, hs *pb.HardState, ents []*pb.Entry, sync bo
 func (s *logStorage) writeAlone(ops []logOp) error {
 	wb := s.db.NewWriteBatch()
 	defer wb.Cancel()
-	for _, op := range ops {
-		var err error
-		if op.del {
-			err = wb.Delete(op.key)
-		} else {
-			err = wb.Set(op.key, op.val)
-		}
-		if err != nil {
-			return err
-		}
+	if err := writeOps(ops, wb.Set, wb.Delete); err != nil {
+		return err
 	}
 	if err := wb.Flush(); err != nil {
 		return fmt.Errorf("raft log write: %w", err)
