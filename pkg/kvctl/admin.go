@@ -218,11 +218,10 @@ func cmdQuery(k *kvctl, args []string) error {
 			return usagef(nil, "config number must be an integer, not %q", pos[0])
 		}
 	}
-	ctrl, err := k.ctrler()
+	ctrl, ctx, cancel, err := k.ctrlerCall()
 	if err != nil {
 		return err
 	}
-	ctx, cancel := k.ctx()
 	defer cancel()
 	c, err := ctrl.Query(ctx, num)
 	if err != nil {
@@ -277,11 +276,10 @@ func cmdJoin(k *kvctl, args []string) error {
 	if *weight > 1<<32-1 {
 		return usagef(nil, "--weight is too large")
 	}
-	ctrl, err := k.ctrler()
+	ctrl, ctx, cancel, err := k.ctrlerCall()
 	if err != nil {
 		return err
 	}
-	ctx, cancel := k.ctx()
 	defer cancel()
 	// Keep the weight of a group that is already in the config unless
 	// --weight is given (a Join without a weight would reset it to 1).
@@ -366,11 +364,10 @@ func cmdLeave(k *kvctl, args []string) error {
 		}
 		gids = append(gids, gid)
 	}
-	ctrl, err := k.ctrler()
+	ctrl, ctx, cancel, err := k.ctrlerCall()
 	if err != nil {
 		return err
 	}
-	ctx, cancel := k.ctx()
 	defer cancel()
 	c, err := ctrl.Leave(ctx, gids...)
 	return k.mutated("group "+strings.Join(pos, ", ")+" left", c, err)
@@ -394,11 +391,10 @@ func cmdUnpin(k *kvctl, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctrl, err := k.ctrler()
+	ctrl, ctx, cancel, err := k.ctrlerCall()
 	if err != nil {
 		return err
 	}
-	ctx, cancel := k.ctx()
 	defer cancel()
 	c, err := ctrl.Unpin(ctx, int(shard))
 	return k.mutated(fmt.Sprintf("shard %d unpinned", shard), c, err)

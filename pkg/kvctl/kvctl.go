@@ -397,6 +397,17 @@ func (k *kvctl) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), k.timeout)
 }
 
+// ctrlerCall opens the controller client and a context bounded by
+// --timeout: the prologue of every command that makes one controller call.
+func (k *kvctl) ctrlerCall() (*ctrlerclient.Client, context.Context, context.CancelFunc, error) {
+	ctrl, err := k.ctrler()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := k.ctx()
+	return ctrl, ctx, cancel, nil
+}
+
 // resolveCtrler finds the controller addresses: --ctrler, else
 // $SHARDKV_CTRLER, else ~/.shardkv/local.json.
 func (k *kvctl) resolveCtrler() ([]string, error) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -185,7 +186,7 @@ func num(v uint64, known bool) string {
 }
 
 // membersTable writes rows as a table; withGroup prefixes a GROUP column.
-func membersTable(tw *tabwriter.Writer, group string, rows []memberJSON, leaderKnown bool) {
+func membersTable(tw io.Writer, group string, rows []memberJSON, leaderKnown bool) {
 	for _, m := range rows {
 		role := m.Role
 		if !m.Member && m.Reachable {

@@ -44,11 +44,10 @@ func cmdMove(k *kvctl, args []string) error {
 	if err != nil {
 		return err
 	}
-	ctrl, err := k.ctrler()
+	ctrl, ctx, cancel, err := k.ctrlerCall()
 	if err != nil {
 		return err
 	}
-	ctx, cancel := k.ctx()
 	defer cancel()
 	if *cancelMove {
 		return k.cancelMove(ctx, ctrl, uint32(shard), *wait)

@@ -91,10 +91,11 @@ func TestStatusShowsPlannedMoves(t *testing.T) {
 			{GID: 1, InConfig: true, OwnedShards: 8, InfoFrom: "report", ReportAgeMs: 300, ConfigNum: 12, Leaving: true, ShardStates: map[string]int{"Serving": 8}},
 			{GID: 3, InConfig: true, InfoFrom: "report", ReportAgeMs: 200, ConfigNum: 12, MigrateBytesPerSec: 10 << 20, ShardStates: map[string]int{"PreCopying": 1}},
 		},
-		Migrations: []migrationJSON{{Shard: 5, GID: 3, State: "PreCopying", Source: 1, Target: 3, ConfigNum: 12, Keys: 10, TotalKeys: 20, Bytes: 1024, TotalBytes: 2048, Phase: "snapshot", LagEntries: 7}},
+		Migrations: []migrationJSON{{Shard: 5, GID: 3, State: "PreCopying", Source: 1, Target: 3, ConfigNum: 12,
+			copyJSON: copyJSON{Keys: 10, TotalKeys: 20, Bytes: 1024, TotalBytes: 2048, Phase: "snapshot", LagEntries: 7}}},
 		PlannedMoves: []plannedStatusJSON{
-			{Shard: 5, FromGID: 1, ToGID: 3, SinceConfig: 12, TargetState: "PreCopying", Phase: "snapshot", Keys: 10, TotalKeys: 20, Bytes: 1024, TotalBytes: 2048, LagEntries: 7,
-				BytesPerSec: 512, EtaSeconds: 2},
+			{Shard: 5, FromGID: 1, ToGID: 3, SinceConfig: 12, TargetState: "PreCopying", copyJSON: copyJSON{Phase: "snapshot", Keys: 10, TotalKeys: 20,
+				Bytes: 1024, TotalBytes: 2048, LagEntries: 7, BytesPerSec: 512, EtaSeconds: 2}},
 			{Shard: 6, FromGID: 1, ToGID: 3, SinceConfig: 12},
 		},
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -35,11 +36,17 @@ type plannedStatusJSON struct {
 	SinceConfig uint64 `json:"since_config"`
 	// TargetState is the target's state of the shard ("PreCopying" while
 	// it copies; "" if it reports none yet).
-	TargetState  string `json:"target_state"`
-	Phase        string `json:"phase"` // snapshot, delta
-	Keys         uint64 `json:"keys"`
-	TotalKeys    uint64 `json:"total_keys"`
-	Bytes        uint64 `json:"bytes"`
+	TargetState string `json:"target_state"`
+	copyJSON
+}
+
+// copyJSON is a shard copy's progress as the receiving group reports it
+// (PreCopying, Pulling, Acking); both status tables embed it.
+type copyJSON struct {
+	Phase        string `json:"phase"`      // snapshot, delta
+	Keys         uint64 `json:"keys"`       // received so far
+	TotalKeys    uint64 `json:"total_keys"` // keys in the shard at the source (0: not known yet)
+	Bytes        uint64 `json:"bytes"`      // received so far
 	TotalBytes   uint64 `json:"total_bytes"`
 	LagEntries   uint64 `json:"lag_entries"`
 	CaughtUp     bool   `json:"caught_up"`
@@ -47,6 +54,11 @@ type plannedStatusJSON struct {
 	// The copy's measured rate and the snapshot's time left at it (0: unknown).
 	BytesPerSec uint64 `json:"copy_bytes_per_sec"`
 	EtaSeconds  uint64 `json:"eta_seconds"`
+}
+
+func copyOf(s *shardkvpb.ShardState) copyJSON {
+	return copyJSON{Phase: s.Phase, Keys: s.Keys, TotalKeys: s.TotalKeys, Bytes: s.Bytes, TotalBytes: s.TotalBytes,
+		LagEntries: s.LagEntries, CaughtUp: s.CaughtUp, WritePauseUs: s.WritePauseUs, BytesPerSec: s.CopyBytesPerSec, EtaSeconds: s.EtaSeconds}
 }
 
 type controllerJSON struct {
@@ -92,29 +104,17 @@ type migrationJSON struct {
 	Source    uint64 `json:"source"`
 	Target    uint64 `json:"target"`
 	ConfigNum uint64 `json:"config_num"`
-	Keys      uint64 `json:"keys"`       // received so far (PreCopying, Pulling, Acking)
-	TotalKeys uint64 `json:"total_keys"` // keys in the shard at the source (0: not known yet)
-	Bytes     uint64 `json:"bytes"`      // received so far (PreCopying, Pulling, Acking)
-	// Pre-copy (PreCopying, and Pulling after a cut-over).
-	Phase        string `json:"phase"` // snapshot, delta
-	TotalBytes   uint64 `json:"total_bytes"`
-	LagEntries   uint64 `json:"lag_entries"`
-	CaughtUp     bool   `json:"caught_up"`
-	WritePauseUs uint64 `json:"write_pause_us"`
-	// The copy's measured rate and the snapshot's time left at it (0: unknown).
-	BytesPerSec uint64 `json:"copy_bytes_per_sec"`
-	EtaSeconds  uint64 `json:"eta_seconds"`
+	copyJSON
 }
 
 func cmdStatus(k *kvctl, args []string) error {
 	if _, err := k.parse(newFlags("status"), args, 0, 0); err != nil {
 		return err
 	}
-	ctrl, err := k.ctrler()
+	ctrl, ctx, cancel, err := k.ctrlerCall()
 	if err != nil {
 		return err
 	}
-	ctx, cancel := k.ctx()
 	defer cancel()
 	st, err := ctrl.Status(ctx)
 	if err != nil {
@@ -185,9 +185,7 @@ func (k *kvctl) buildStatus(ctx context.Context, st *shardkvpb.ClusterStatus) *s
 	for _, m := range latest.GetMoves() {
 		p := plannedStatusJSON{Shard: m.Shard, FromGID: m.FromGid, ToGID: m.ToGid, SinceConfig: m.SinceConfig}
 		if s := shardOf(m.ToGid, m.Shard); s != nil && s.State != "Serving" {
-			p.TargetState, p.Phase, p.Keys, p.TotalKeys, p.Bytes, p.TotalBytes = s.State, s.Phase, s.Keys, s.TotalKeys, s.Bytes, s.TotalBytes
-			p.LagEntries, p.CaughtUp, p.WritePauseUs = s.LagEntries, s.CaughtUp, s.WritePauseUs
-			p.BytesPerSec, p.EtaSeconds = s.CopyBytesPerSec, s.EtaSeconds
+			p.TargetState, p.copyJSON = s.State, copyOf(s)
 		}
 		out.PlannedMoves = append(out.PlannedMoves, p)
 	}
@@ -200,9 +198,7 @@ func (k *kvctl) buildStatus(ctx context.Context, st *shardkvpb.ClusterStatus) *s
 				continue
 			}
 			out.Settled = false
-			m := migrationJSON{Shard: s.Shard, GID: g.GID, State: s.State, ConfigNum: s.ConfigNum, Keys: s.Keys, Bytes: s.Bytes, TotalKeys: s.TotalKeys,
-				Phase: s.Phase, TotalBytes: s.TotalBytes, LagEntries: s.LagEntries, CaughtUp: s.CaughtUp, WritePauseUs: s.WritePauseUs,
-				BytesPerSec: s.CopyBytesPerSec, EtaSeconds: s.EtaSeconds}
+			m := migrationJSON{Shard: s.Shard, GID: g.GID, State: s.State, ConfigNum: s.ConfigNum, copyJSON: copyOf(s)}
 			switch s.State {
 			case "PreCopying", "Pulling", "Acking": // the new owner, or the planned one
 				m.Source, m.Target = s.PeerGid, g.GID
@@ -316,20 +312,20 @@ func statesText(m map[string]int) string {
 	return strings.Join(parts, " ")
 }
 
-// preCopyText is a pre-copy's progress: "snapshot: 1200 of 5000 keys,
+// preCopyText is the pre-copy's progress: "snapshot: 1200 of 5000 keys,
 // 1.2 MiB of 4.8 MiB copied, lag 340 entries" (", caught up"), then the
 // measured rate and the snapshot's time left, when known (", 1.5 MiB/s,
 // about 3s left").
-func preCopyText(phase string, keys, totalKeys, bytes, totalBytes, lag uint64, caughtUp bool, rate, eta uint64) string {
-	s := fmt.Sprintf("%s: %s, lag %d entries", orDash(phase), copyProgress(keys, totalKeys, bytes, totalBytes, "copied"), lag)
-	if caughtUp {
+func (c copyJSON) preCopyText() string {
+	s := fmt.Sprintf("%s: %s, lag %d entries", orDash(c.Phase), copyProgress(c.Keys, c.TotalKeys, c.Bytes, c.TotalBytes, "copied"), c.LagEntries)
+	if c.CaughtUp {
 		s += ", caught up"
 	}
-	if rate > 0 {
-		s += ", " + humanBytes(rate) + "/s"
+	if c.BytesPerSec > 0 {
+		s += ", " + humanBytes(c.BytesPerSec) + "/s"
 	}
-	if eta > 0 {
-		s += fmt.Sprintf(", about %s left", time.Duration(eta)*time.Second)
+	if c.EtaSeconds > 0 {
+		s += fmt.Sprintf(", about %s left", time.Duration(c.EtaSeconds)*time.Second)
 	}
 	return s
 }
@@ -351,17 +347,74 @@ func (k *kvctl) printStatus(s *statusJSON) error {
 	c := s.Controller
 	fmt.Fprintf(w, "CONTROLLER  group %d, leader %d (%s), term %d; config %d (oldest kept %d), %d shards, placement %s\n",
 		c.GroupID, c.Leader, c.LeaderAddr, c.Term, s.ConfigNum, s.OldestConfig, s.NShards, orDash(s.Config.Placement))
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tADDR\tROLE\tTERM\tAPPLIED\tMATCH\tNOTE")
-	membersTable(tw, "", c.Members, true)
-	if err := tw.Flush(); err != nil {
+	if err := section(w, "", "ID\tADDR\tROLE\tTERM\tAPPLIED\tMATCH\tNOTE", func(tw io.Writer) {
+		membersTable(tw, "", c.Members, true)
+	}); err != nil {
 		return err
 	}
-
+	if err := section(w, "DATA GROUPS", "GROUP\tOWNS\tLEADER\tTERM\tAPPLIED\tCONFIG\tSHARD STATES\tINFO", func(tw io.Writer) {
+		groupRows(tw, s)
+	}); err != nil {
+		return err
+	}
+	if len(s.Groups) > 0 {
+		if err := section(w, "DATA GROUP MEMBERS", "GROUP\tID\tADDR\tROLE\tTERM\tAPPLIED\tMATCH\tNOTE", func(tw io.Writer) {
+			for _, g := range s.Groups {
+				membersTable(tw, fmt.Sprint(g.GID), g.Members, g.Leader != 0 && g.InfoFrom == "leader")
+			}
+		}); err != nil {
+			return err
+		}
+	}
+	if len(s.Migrations) > 0 {
+		if err := section(w, "MIGRATING SHARDS", "SHARD\tGROUP\tSTATE\tSOURCE\tTARGET\tCONFIG\tPROGRESS", func(tw io.Writer) {
+			for _, m := range s.Migrations {
+				fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%d\t%d\t%s\n", m.Shard, m.GID, m.State, m.Source, m.Target, m.ConfigNum, migrationProgress(m))
+			}
+		}); err != nil {
+			return err
+		}
+	}
+	if len(s.PlannedMoves) > 0 {
+		if err := section(w, "PLANNED MOVES (the source serves until the cut-over)", "SHARD\tFROM\tTO\tSINCE CONFIG\tTARGET\tPROGRESS", func(tw io.Writer) {
+			for _, p := range s.PlannedMoves {
+				state, progress := "not started", "-"
+				if p.TargetState != "" {
+					state = p.TargetState
+				}
+				if p.TargetState == "PreCopying" {
+					progress = p.preCopyText()
+				}
+				fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\n", p.Shard, p.FromGID, p.ToGID, p.SinceConfig, state, progress)
+			}
+		}); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "DATA GROUPS")
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tOWNS\tLEADER\tTERM\tAPPLIED\tCONFIG\tSHARD STATES\tINFO")
+	if s.Settled {
+		fmt.Fprintf(w, "settled: every group serves config %d and no shard is moving\n", s.ConfigNum)
+	} else {
+		fmt.Fprintf(w, "not settled: %d shard states in motion, %d moves planned, config %d\n", len(s.Migrations), len(s.PlannedMoves), s.ConfigNum)
+	}
+	return nil
+}
+
+// section writes one table of the status: a blank line and the title
+// (unless title is empty), then the header and the rows fill writes.
+func section(w io.Writer, title, header string, fill func(tw io.Writer)) error {
+	if title != "" {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, title)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	fill(tw)
+	return tw.Flush()
+}
+
+// groupRows writes the DATA GROUPS rows.
+func groupRows(tw io.Writer, s *statusJSON) {
 	for _, g := range s.Groups {
 		owns := fmt.Sprint(g.OwnedShards)
 		if !g.InConfig {
@@ -392,81 +445,31 @@ func (k *kvctl) printStatus(s *statusJSON) error {
 	if len(s.Groups) == 0 {
 		fmt.Fprintln(tw, "(none)")
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
+}
 
-	if len(s.Groups) > 0 {
-		fmt.Fprintln(w)
-		fmt.Fprintln(w, "DATA GROUP MEMBERS")
-		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "GROUP\tID\tADDR\tROLE\tTERM\tAPPLIED\tMATCH\tNOTE")
-		for _, g := range s.Groups {
-			membersTable(tw, fmt.Sprint(g.GID), g.Members, g.Leader != 0 && g.InfoFrom == "leader")
+// migrationProgress is the PROGRESS column of a migrating shard.
+func migrationProgress(m migrationJSON) string {
+	progress := "-"
+	switch m.State {
+	case "PreCopying":
+		progress = m.preCopyText()
+	case "Pulling":
+		progress = fmt.Sprintf("%d keys, %s received", m.Keys, humanBytes(m.Bytes))
+		if m.TotalKeys > 0 {
+			progress = fmt.Sprintf("%d of %d keys (%d%%), %s received", m.Keys, m.TotalKeys, 100*m.Keys/m.TotalKeys, humanBytes(m.Bytes))
 		}
-		if err := tw.Flush(); err != nil {
-			return err
+		if m.Phase != "" {
+			progress = m.Phase + ": " + progress
 		}
+		if m.WritePauseUs > 0 {
+			progress += ", writes paused " + (time.Duration(m.WritePauseUs) * time.Microsecond).String()
+		}
+	case "Acking":
+		progress = fmt.Sprintf("installed (%d keys, %s); waiting for the source to confirm", m.Keys, humanBytes(m.Bytes))
+	case "BePulling":
+		progress = "frozen, being pulled"
+	case "GCing":
+		progress = "deleting the old copy"
 	}
-
-	if len(s.Migrations) > 0 {
-		fmt.Fprintln(w)
-		fmt.Fprintln(w, "MIGRATING SHARDS")
-		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SHARD\tGROUP\tSTATE\tSOURCE\tTARGET\tCONFIG\tPROGRESS")
-		for _, m := range s.Migrations {
-			progress := "-"
-			switch m.State {
-			case "PreCopying":
-				progress = preCopyText(m.Phase, m.Keys, m.TotalKeys, m.Bytes, m.TotalBytes, m.LagEntries, m.CaughtUp, m.BytesPerSec, m.EtaSeconds)
-			case "Pulling":
-				progress = fmt.Sprintf("%d keys, %s received", m.Keys, humanBytes(m.Bytes))
-				if m.TotalKeys > 0 {
-					progress = fmt.Sprintf("%d of %d keys (%d%%), %s received", m.Keys, m.TotalKeys, 100*m.Keys/m.TotalKeys, humanBytes(m.Bytes))
-				}
-				if m.Phase != "" {
-					progress = m.Phase + ": " + progress
-				}
-				if m.WritePauseUs > 0 {
-					progress += ", writes paused " + (time.Duration(m.WritePauseUs) * time.Microsecond).String()
-				}
-			case "Acking":
-				progress = fmt.Sprintf("installed (%d keys, %s); waiting for the source to confirm", m.Keys, humanBytes(m.Bytes))
-			case "BePulling":
-				progress = "frozen, being pulled"
-			case "GCing":
-				progress = "deleting the old copy"
-			}
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%d\t%d\t%s\n", m.Shard, m.GID, m.State, m.Source, m.Target, m.ConfigNum, progress)
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-	}
-	if len(s.PlannedMoves) > 0 {
-		fmt.Fprintln(w)
-		fmt.Fprintln(w, "PLANNED MOVES (the source serves until the cut-over)")
-		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SHARD\tFROM\tTO\tSINCE CONFIG\tTARGET\tPROGRESS")
-		for _, p := range s.PlannedMoves {
-			state, progress := "not started", "-"
-			if p.TargetState != "" {
-				state = p.TargetState
-			}
-			if p.TargetState == "PreCopying" {
-				progress = preCopyText(p.Phase, p.Keys, p.TotalKeys, p.Bytes, p.TotalBytes, p.LagEntries, p.CaughtUp, p.BytesPerSec, p.EtaSeconds)
-			}
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%s\t%s\n", p.Shard, p.FromGID, p.ToGID, p.SinceConfig, state, progress)
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-	}
-	fmt.Fprintln(w)
-	if s.Settled {
-		fmt.Fprintf(w, "settled: every group serves config %d and no shard is moving\n", s.ConfigNum)
-	} else {
-		fmt.Fprintf(w, "not settled: %d shard states in motion, %d moves planned, config %d\n", len(s.Migrations), len(s.PlannedMoves), s.ConfigNum)
-	}
-	return nil
+	return progress
 }
