@@ -21,6 +21,10 @@ func (s *Server) background() {
 	defer tick.Stop()
 	lastCompact := time.Now()
 	for {
+		// A follower waits to lead with no timer running.
+		if !s.r.AwaitLeading(s.stopc) {
+			return
+		}
 		select {
 		case <-s.stopc:
 			return

@@ -20,8 +20,8 @@ import (
 // readers trust) goes in AfterCommit.
 type Batch struct {
 	db    *badger.DB
-	txn   *badger.Txn
-	size  batchSize // the engine's writes in txn
+	txn   *badger.Txn // opened at first use: a Ready with nothing to write opens none
+	size  batchSize   // the engine's writes in txn
 	after []func()
 	used  bool   // txn was handed out or written since the last commit
 	syncs func() // counts commits that wrote (each one fsync); may be nil
@@ -32,13 +32,20 @@ type batchSize struct{ records, bytes int }
 // NewBatch opens a batch on db. The engine makes one per Ready; a state
 // machine tested on its own applies through one (see ApplyAlone).
 func NewBatch(db *badger.DB) *Batch {
-	return &Batch{db: db, txn: db.NewTransaction(true)}
+	return &Batch{db: db}
+}
+
+func (b *Batch) open() *badger.Txn {
+	if b.txn == nil {
+		b.txn = b.db.NewTransaction(true)
+	}
+	return b.txn
 }
 
 // Txn is the open transaction.
 func (b *Batch) Txn() *badger.Txn {
 	b.used = true
-	return b.txn
+	return b.open()
 }
 
 // Size is what the engine's own writes take of the open transaction, as
@@ -55,13 +62,16 @@ func (b *Batch) AfterCommit(f func()) { b.after = append(b.after, f) }
 // AfterCommit functions, and opens the next transaction. Committing an
 // empty transaction writes nothing.
 func (b *Batch) Commit() error {
-	if err := b.txn.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
+	if b.txn != nil {
+		if err := b.txn.Commit(); err != nil {
+			b.txn = nil
+			return fmt.Errorf("commit: %w", err)
+		}
 	}
 	if b.used && b.syncs != nil {
 		b.syncs()
 	}
-	b.txn, b.size, b.used = b.db.NewTransaction(true), batchSize{}, false
+	b.txn, b.size, b.used = nil, batchSize{}, false
 	after := b.after
 	b.after = nil
 	for _, f := range after {
@@ -71,21 +81,25 @@ func (b *Batch) Commit() error {
 }
 
 // Discard drops whatever was not committed.
-func (b *Batch) Discard() { b.txn.Discard() }
+func (b *Batch) Discard() {
+	if b.txn != nil {
+		b.txn.Discard()
+	}
+}
 
 // set and del are the engine's writes, counted in Size.
 func (b *Batch) set(k, v []byte) error {
 	b.used = true
 	b.size.records++
 	b.size.bytes += len(k) + len(v) + recordOverhead
-	return b.txn.Set(k, v)
+	return b.open().Set(k, v)
 }
 
 func (b *Batch) del(k []byte) error {
 	b.used = true
 	b.size.records++
 	b.size.bytes += len(k) + recordOverhead
-	return b.txn.Delete(k)
+	return b.open().Delete(k)
 }
 
 // recordOverhead is what badger adds per record toward a transaction's

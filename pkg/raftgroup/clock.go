@@ -186,6 +186,11 @@ func (r *Replica) keepClock(stopc <-chan struct{}, done chan<- struct{}) {
 	defer tick.Stop()
 	var sent time.Time
 	for {
+		// A follower only waits to lead: no timer wakes it (a ticker
+		// nobody receives from fires nothing).
+		if !r.AwaitLeading(stopc) {
+			return
+		}
 		select {
 		case <-tick.C:
 		case <-stopc:

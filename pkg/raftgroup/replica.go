@@ -49,6 +49,8 @@ type Replica struct {
 	commit    atomic.Uint64
 	stateType atomic.Int32 // raft.StateType
 	removed   atomic.Bool
+	roleMu    sync.Mutex
+	rolec     chan struct{} // closed and replaced when the role changes (RoleChanged)
 
 	membersMu sync.RWMutex
 	members   map[uint64]string // id -> advertised address
@@ -111,6 +113,7 @@ func Open(cfg Config, sm StateMachine) (*Replica, error) {
 		members: map[uint64]string{},
 		stopc:   make(chan struct{}),
 		donec:   make(chan struct{}),
+		rolec:   make(chan struct{}),
 		applyW:  newIndexWaiter(),
 	}
 	r.props = newProposals()
@@ -359,7 +362,9 @@ func shortError(err error) string {
 func (r *Replica) handleReady(rd raft.Ready) error {
 	if rd.SoftState != nil {
 		r.leader.Store(rd.SoftState.Lead)
-		r.stateType.Store(int32(rd.SoftState.RaftState))
+		if raft.StateType(r.stateType.Swap(int32(rd.SoftState.RaftState))) != rd.SoftState.RaftState {
+			r.roleChanged()
+		}
 	}
 	if rd.HardState != nil && !raft.IsEmptyHardState(rd.HardState) {
 		r.term.Store(rd.HardState.GetTerm())
@@ -436,7 +441,9 @@ func (r *Replica) Close() error {
 	<-r.gcDone
 	<-r.clkDone
 	r.leader.Store(0)
-	r.stateType.Store(int32(raft.StateFollower))
+	if raft.StateType(r.stateType.Swap(int32(raft.StateFollower))) != raft.StateFollower {
+		r.roleChanged()
+	}
 	r.node.Stop()
 	r.trans.stop()
 	r.reads.stop()
@@ -472,6 +479,38 @@ func (r *Replica) Leader() (uint64, string) {
 // IsLeader reports whether this replica currently believes it leads.
 func (r *Replica) IsLeader() bool {
 	return raft.StateType(r.stateType.Load()) == raft.StateLeader
+}
+
+// RoleChanged returns a channel closed at this replica's next change of
+// Raft role (follower, candidate, leader). Loops that work only while
+// leading wait on it instead of polling IsLeader, so followers stay idle.
+func (r *Replica) RoleChanged() <-chan struct{} {
+	r.roleMu.Lock()
+	defer r.roleMu.Unlock()
+	return r.rolec
+}
+
+// AwaitLeading blocks until this replica leads, and reports false if done
+// closes first: a leader-only loop's follower wait, with no timer.
+func (r *Replica) AwaitLeading(done <-chan struct{}) bool {
+	for {
+		changed := r.RoleChanged() // before the check: no change is missed
+		if r.IsLeader() {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-done:
+			return false
+		}
+	}
+}
+
+func (r *Replica) roleChanged() {
+	r.roleMu.Lock()
+	close(r.rolec)
+	r.rolec = make(chan struct{})
+	r.roleMu.Unlock()
 }
 
 // Term is the current Raft term.

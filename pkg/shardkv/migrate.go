@@ -51,11 +51,16 @@ func (g *Group) run() {
 		leading = false
 	}
 	defer stopLeading()
+	// Only a leader ticks; a follower wakes when its role changes (or its
+	// state does), so an idle follower costs no timer wake-ups.
+	var tickC <-chan time.Time
+	roleC := g.r.RoleChanged()
 	for {
 		select {
 		case <-g.ctx.Done():
 			return
-		case <-tick.C:
+		case <-tickC:
+		case <-roleC:
 		case <-g.sm.Changed():
 		case <-g.announced:
 		case name := <-taskDone:
@@ -64,12 +69,15 @@ func (g *Group) run() {
 		case <-stepDone:
 			stepPending = false
 		}
+		roleC = g.r.RoleChanged() // before the check: no change is missed
 		if !g.r.IsLeader() {
 			if leading {
 				stopLeading()
 			}
+			tickC = nil
 			continue
 		}
+		tickC = tick.C
 		if !leading {
 			leading = true
 			lead.ctx, lead.cancel = context.WithCancel(context.Background())
@@ -151,6 +159,9 @@ func (g *Group) run() {
 		slices.Sort(ids)
 		for _, s := range ids {
 			m := shards[s]
+			if m.State == Serving && m.TrimBelow == 0 {
+				continue // nearly every shard, every tick: nothing to run
+			}
 			name := fmt.Sprintf("%s/%d/%d", m.State, s, m.Config)
 			if _, ok := tasks[name]; ok {
 				continue
