@@ -64,5 +64,11 @@
 // TransferLeadership hands leadership over. The Admin gRPC service exposes
 // all of this plus Status.
 //
+// # Leader-only work
+//
+// IsLeader and Leader say who leads now. A loop that works only while
+// leading waits in AwaitLeading (or on RoleChanged) rather than polling
+// on a timer, so an idle follower wakes only for Raft's own traffic.
+//
 // The design and its reasons are in docs/engine.md.
 package raftgroup
