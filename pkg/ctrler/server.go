@@ -141,8 +141,8 @@ func (s *Server) Unpin(ctx context.Context, req *shardkvpb.UnpinRequest) (*shard
 }
 
 func (s *Server) Query(ctx context.Context, req *shardkvpb.QueryRequest) (*shardkvpb.Config, error) {
-	if err := s.r.ReadIndex(ctx); err != nil {
-		return nil, grpcErr(err)
+	if err := s.readIndex(ctx, req.GetStale()); err != nil {
+		return nil, err
 	}
 	c, err := s.sm.Config(req.Num)
 	if err != nil {
@@ -239,12 +239,12 @@ func (s *Server) keepReport(req *shardkvpb.GroupReport) {
 	}
 }
 
-func (s *Server) Status(ctx context.Context, _ *shardkvpb.ClusterStatusRequest) (*shardkvpb.ClusterStatus, error) {
+func (s *Server) Status(ctx context.Context, req *shardkvpb.ClusterStatusRequest) (*shardkvpb.ClusterStatus, error) {
 	if err := s.leaderOnly(); err != nil {
 		return nil, err
 	}
-	if err := s.r.ReadIndex(ctx); err != nil {
-		return nil, grpcErr(err)
+	if err := s.readIndex(ctx, req.GetStale()); err != nil {
+		return nil, err
 	}
 	latest, err := s.sm.Config(-1)
 	if err != nil {
@@ -259,4 +259,24 @@ func (s *Server) Status(ctx context.Context, _ *shardkvpb.ClusterStatusRequest) 
 	s.mu.Unlock()
 	slices.SortFunc(out.Groups, func(a, b *shardkvpb.GroupStatus) int { return cmp.Compare(a.Report.Gid, b.Report.Gid) })
 	return out, nil
+}
+
+// readIndex is the linearizable read barrier, skipped for a stale read
+// (pollers that need only a recent answer: each round is a heartbeat to
+// every follower, and the data replicas poll every second). A stale read
+// is still served by the leader only: with CheckQuorum a leader cut off
+// from its quorum steps down within an election timeout, so the answer is
+// that recent and "reached the controller" keeps its meaning.
+func (s *Server) readIndex(ctx context.Context, stale bool) error {
+	if stale {
+		if !s.r.IsLeader() {
+			id, addr := s.r.Leader()
+			return shardkvpb.NotLeaderError("stale reads are served by the controller leader", id, addr)
+		}
+		return nil
+	}
+	if err := s.r.ReadIndex(ctx); err != nil {
+		return grpcErr(err)
+	}
+	return nil
 }

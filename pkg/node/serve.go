@@ -382,7 +382,7 @@ func (n *Node) followController(ctx context.Context) {
 	defer t.Stop()
 	for {
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		c, err := n.ctrl.Query(qctx, -1)
+		c, err := n.ctrl.QueryStale(qctx, -1) // a recent config is enough: no read barrier
 		cancel()
 		if err == nil {
 			n.latestSeen.Store(c.Num)

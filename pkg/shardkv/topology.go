@@ -125,7 +125,7 @@ func (g *Group) trackLeaders() {
 	defer t.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(g.ctx, 2*time.Second)
-		st, err := g.cfg.Ctrler.Status(ctx)
+		st, err := g.cfg.Ctrler.StatusStale(ctx) // soft state: no read barrier
 		cancel()
 		if err == nil {
 			m := map[uint64]uint64{}

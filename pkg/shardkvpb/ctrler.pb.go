@@ -671,8 +671,13 @@ func (x *ConfigReply) GetConfig() *Config {
 }
 
 type QueryRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Num           int64                  `protobuf:"varint,1,opt,name=num,proto3" json:"num,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Num   int64                  `protobuf:"varint,1,opt,name=num,proto3" json:"num,omitempty"`
+	// stale: answer from the replica's applied state without a ReadIndex
+	// round (which costs a heartbeat to every follower). For pollers that
+	// only need a recent config, never for a caller that must see its own
+	// completed mutation.
+	Stale         bool `protobuf:"varint,2,opt,name=stale,proto3" json:"stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -712,6 +717,13 @@ func (x *QueryRequest) GetNum() int64 {
 		return x.Num
 	}
 	return 0
+}
+
+func (x *QueryRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
 }
 
 type WatchRequest struct {
@@ -1080,7 +1092,12 @@ func (x *ReportReply) GetLatestConfig() uint64 {
 }
 
 type ClusterStatusRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// stale: answer from the leader's current state without a ReadIndex
+	// round, for pollers of soft state (the groups' leaders, which the
+	// reports carry anyway): the config in the answer may trail a mutation
+	// that completed just before.
+	Stale         bool `protobuf:"varint,1,opt,name=stale,proto3" json:"stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1113,6 +1130,13 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
 	return file_ctrler_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ClusterStatusRequest) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
 }
 
 type GroupStatus struct {
@@ -1294,9 +1318,10 @@ const file_ctrler_proto_rawDesc = "" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
 	"\x05shard\x18\x03 \x01(\rR\x05shard\"9\n" +
 	"\vConfigReply\x12*\n" +
-	"\x06config\x18\x01 \x01(\v2\x12.shardkv.v1.ConfigR\x06config\" \n" +
+	"\x06config\x18\x01 \x01(\v2\x12.shardkv.v1.ConfigR\x06config\"6\n" +
 	"\fQueryRequest\x12\x10\n" +
-	"\x03num\x18\x01 \x01(\x03R\x03num\"\"\n" +
+	"\x03num\x18\x01 \x01(\x03R\x03num\x12\x14\n" +
+	"\x05stale\x18\x02 \x01(\bR\x05stale\"\"\n" +
 	"\fWatchRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\x04R\x04from\"\xa4\x03\n" +
 	"\n" +
@@ -1336,8 +1361,9 @@ const file_ctrler_proto_rawDesc = "" +
 	"\x15migrate_bytes_per_sec\x18\n" +
 	" \x01(\x04R\x12migrateBytesPerSec\"2\n" +
 	"\vReportReply\x12#\n" +
-	"\rlatest_config\x18\x01 \x01(\x04R\flatestConfig\"\x16\n" +
-	"\x14ClusterStatusRequest\"U\n" +
+	"\rlatest_config\x18\x01 \x01(\x04R\flatestConfig\",\n" +
+	"\x14ClusterStatusRequest\x12\x14\n" +
+	"\x05stale\x18\x01 \x01(\bR\x05stale\"U\n" +
 	"\vGroupStatus\x12/\n" +
 	"\x06report\x18\x01 \x01(\v2\x17.shardkv.v1.GroupReportR\x06report\x12\x15\n" +
 	"\x06age_ms\x18\x02 \x01(\x03R\x05ageMs\"\xe5\x01\n" +

@@ -156,9 +156,20 @@ func (c *Client) Unpin(ctx context.Context, shard int) (*shardkvpb.Config, error
 
 // Query returns config num; -1 (or past the latest) returns the latest.
 func (c *Client) Query(ctx context.Context, num int64) (*shardkvpb.Config, error) {
+	return c.query(ctx, &shardkvpb.QueryRequest{Num: num})
+}
+
+// QueryStale is Query answered without the controller's linearizable read
+// barrier: the config may trail a mutation that just completed. For
+// pollers.
+func (c *Client) QueryStale(ctx context.Context, num int64) (*shardkvpb.Config, error) {
+	return c.query(ctx, &shardkvpb.QueryRequest{Num: num, Stale: true})
+}
+
+func (c *Client) query(ctx context.Context, req *shardkvpb.QueryRequest) (*shardkvpb.Config, error) {
 	var out *shardkvpb.Config
 	err := c.do(ctx, func(ctx context.Context, cl shardkvpb.ControllerClient) error {
-		r, err := cl.Query(ctx, &shardkvpb.QueryRequest{Num: num})
+		r, err := cl.Query(ctx, req)
 		out = r
 		return err
 	})
@@ -167,9 +178,20 @@ func (c *Client) Query(ctx context.Context, num int64) (*shardkvpb.Config, error
 
 // Status returns the cluster status kept by the controller leader.
 func (c *Client) Status(ctx context.Context) (*shardkvpb.ClusterStatus, error) {
+	return c.status(ctx, false)
+}
+
+// StatusStale is Status answered without the controller's linearizable
+// read barrier: for pollers of the groups' leaders, which are soft state
+// anyway.
+func (c *Client) StatusStale(ctx context.Context) (*shardkvpb.ClusterStatus, error) {
+	return c.status(ctx, true)
+}
+
+func (c *Client) status(ctx context.Context, stale bool) (*shardkvpb.ClusterStatus, error) {
 	var out *shardkvpb.ClusterStatus
 	err := c.do(ctx, func(ctx context.Context, cl shardkvpb.ControllerClient) error {
-		r, err := cl.Status(ctx, &shardkvpb.ClusterStatusRequest{})
+		r, err := cl.Status(ctx, &shardkvpb.ClusterStatusRequest{Stale: stale})
 		out = r
 		return err
 	})
