@@ -208,5 +208,3 @@ func sameConfState(a, b *pb.ConfState) bool {
 		slices.Equal(a.GetVotersOutgoing(), b.GetVotersOutgoing()) && slices.Equal(a.GetLearnersNext(), b.GetLearnersNext()) &&
 		a.GetAutoLeave() == b.GetAutoLeave()
 }
-
-// Close stops the replica. It does not transfer leadership: a caller that

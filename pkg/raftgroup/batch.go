@@ -29,6 +29,13 @@ type Batch struct {
 
 type batchSize struct{ records, bytes int }
 
+// add counts one write of k (v nil for a delete) as badger does toward a
+// transaction's limits.
+func (z *batchSize) add(k, v []byte) {
+	z.records++
+	z.bytes += len(k) + len(v) + recordOverhead
+}
+
 // NewBatch opens a batch on db. The engine makes one per Ready; a state
 // machine tested on its own applies through one (see ApplyAlone).
 func NewBatch(db *badger.DB) *Batch {
@@ -58,9 +65,9 @@ func (b *Batch) Size() (records, bytes int) { return b.size.records, b.size.byte
 // next Commit. Functions run in the order given.
 func (b *Batch) AfterCommit(f func()) { b.after = append(b.after, f) }
 
-// Commit commits the open transaction, durable when it returns, runs the
-// AfterCommit functions, and opens the next transaction. Committing an
-// empty transaction writes nothing.
+// Commit commits the open transaction, durable when it returns, and runs
+// the AfterCommit functions; the next write opens the next transaction.
+// Committing an empty transaction writes nothing.
 func (b *Batch) Commit() error {
 	if b.txn != nil {
 		if err := b.txn.Commit(); err != nil {
@@ -90,15 +97,13 @@ func (b *Batch) Discard() {
 // set and del are the engine's writes, counted in Size.
 func (b *Batch) set(k, v []byte) error {
 	b.used = true
-	b.size.records++
-	b.size.bytes += len(k) + len(v) + recordOverhead
+	b.size.add(k, v)
 	return b.open().Set(k, v)
 }
 
 func (b *Batch) del(k []byte) error {
 	b.used = true
-	b.size.records++
-	b.size.bytes += len(k) + recordOverhead
+	b.size.add(k, nil)
 	return b.open().Delete(k)
 }
 

@@ -427,6 +427,7 @@ func (r *Replica) handleReady(rd raft.Ready) error {
 	return r.maybeCompact()
 }
 
+// Close stops the replica. It does not transfer leadership: a caller that
 // wants a graceful handover calls TransferLeadership first.
 func (r *Replica) Close() error {
 	r.closeMu.Lock()

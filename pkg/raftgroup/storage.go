@@ -284,8 +284,7 @@ func (s *logStorage) stage(b *Batch, hs *pb.HardState, ents []*pb.Entry, sync bo
 	ops := saveOps(hs, hasHS, ents, oldLast)
 	var size batchSize
 	for _, op := range ops {
-		size.records++
-		size.bytes += len(op.key) + len(op.val) + recordOverhead
+		size.add(op.key, op.val)
 	}
 	var newLast uint64
 	if len(ents) > 0 {

@@ -10,6 +10,8 @@ import (
 	"github.com/tidwall/redcon"
 )
 
+// flushWrites runs the pending writes as one batch (runWrites), learns
+// from their results and sends the replies that are ready.
 func (p *pipeline) flushWrites() {
 	if len(p.writes) == 0 {
 		return

@@ -152,16 +152,15 @@ func (g *Group) run() {
 			}
 		}
 		shards := g.sm.Shards()
-		ids := make([]int, 0, len(shards))
-		for s := range shards {
-			ids = append(ids, s)
+		var ids []int
+		for s, m := range shards {
+			if m.State != Serving || m.TrimBelow != 0 { // nearly every shard, every tick, has nothing to run
+				ids = append(ids, s)
+			}
 		}
 		slices.Sort(ids)
 		for _, s := range ids {
 			m := shards[s]
-			if m.State == Serving && m.TrimBelow == 0 {
-				continue // nearly every shard, every tick: nothing to run
-			}
 			name := fmt.Sprintf("%s/%d/%d", m.State, s, m.Config)
 			if _, ok := tasks[name]; ok {
 				continue
