@@ -40,6 +40,8 @@ type LocalOptions struct {
 	LogLevel       string `json:"-"`
 	// MigrateBytesPerSec is passed to every data group (node serve).
 	MigrateBytesPerSec int64 `json:"-"`
+	// ReportEvery is passed to every data group (node serve).
+	ReportEvery time.Duration `json:"-"`
 	// PProf is passed to every process (node serve --pprof).
 	PProf bool `json:"-"`
 	given map[string]bool
@@ -62,6 +64,7 @@ func ParseLocal(args []string, stderr io.Writer) (*LocalOptions, error) {
 	fs.StringVar(&o.Placement, "placement", string(placement.Balanced), "balanced or consistent-hash (fixed when the cluster is created)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "children's log level")
 	fs.Int64Var(&o.MigrateBytesPerSec, "migrate-bytes-per-sec", 0, "every data group's copy rate limit, bytes/s (0: none)")
+	fs.DurationVar(&o.ReportEvery, "report-every", 0, "how often every data group's leader reports to the controller (0: 500ms)")
 	fs.BoolVar(&o.PProf, "pprof", false, "every process serves Go's profiler under /debug/pprof/ on its HTTP port")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
@@ -83,6 +86,9 @@ func ParseLocal(args []string, stderr io.Writer) (*LocalOptions, error) {
 	}
 	if _, err := placement.Parse(o.Placement); err != nil {
 		return nil, fmt.Errorf("--placement: %w", err)
+	}
+	if err := validReportEvery(o.ReportEvery); err != nil {
+		return nil, err
 	}
 	return o, nil
 }
@@ -205,6 +211,9 @@ func (o *LocalOptions) layout() (ctrl []*proc, groups map[uint64][]*proc) {
 			}
 			if o.MigrateBytesPerSec > 0 {
 				p.args = append(p.args, fmt.Sprint("--migrate-bytes-per-sec=", o.MigrateBytesPerSec))
+			}
+			if o.ReportEvery > 0 {
+				p.args = append(p.args, fmt.Sprint("--report-every=", o.ReportEvery))
 			}
 			if o.PProf {
 				p.args = append(p.args, "--pprof")

@@ -49,6 +49,9 @@ type Options struct {
 	RESPWriteTimeout    time.Duration
 	MaxValueBytes       int
 	MigrateBytesPerSec  int64
+	// ReportEvery is how often the group's leader reports to the
+	// controller (0: shardkv's default, 500ms).
+	ReportEvery time.Duration
 	// Raft log compaction (0: raftgroup's defaults).
 	SnapshotEntries, TrailingEntries uint64
 	HTTP                             string
@@ -114,6 +117,7 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 	fs.DurationVar(&o.RESPTimeout, "resp-timeout", 0, "close a Redis client idle this long, Redis's timeout (0: never)")
 	fs.DurationVar(&o.RESPWriteTimeout, "resp-write-timeout", 2*time.Second, "how long a Redis write waits for its Raft entry to apply before answering 'outcome unknown' (keep it below clients' read timeouts: go-redis's default is 3s)")
 	fs.Int64Var(&o.MigrateBytesPerSec, "migrate-bytes-per-sec", 0, "copy rate limit of the shards this group pulls, bytes per second over all of them (0: none); a move's last round, which writes wait for, is not limited")
+	fs.DurationVar(&o.ReportEvery, "report-every", 0, fmt.Sprintf("how often the group's leader reports its state to the controller (0: 500ms; at most %v: the controller cuts a shard move over only on a report younger than 2s)", MaxReportEvery))
 	fs.IntVar(&o.MaxValueBytes, "max-value-bytes", shardkv.DefaultMaxValueBytes, fmt.Sprintf("largest value a write may carry (one value travels in one Raft entry, whose limit follows from it; at most %d)", shardkv.MaxValueBytesLimit))
 	fs.Uint64Var(&o.SnapshotEntries, "snapshot-entries", 0, "compact the Raft log every so many applied entries (0: 10000); small values make snapshots and compactions frequent, for tests")
 	fs.Uint64Var(&o.TrailingEntries, "trailing-entries", 0, "entries kept in the Raft log after a compaction, for followers slightly behind (0: 5000)")
@@ -227,7 +231,13 @@ func (o *Options) validate() error {
 		if len(o.Ctrler) == 0 {
 			return errors.New("--ctrler is required for role=group")
 		}
+		if err := validReportEvery(o.ReportEvery); err != nil {
+			return err
+		}
 	} else {
+		if o.ReportEvery != 0 {
+			return errors.New("--report-every is only for role=group")
+		}
 		if o.Group != 0 {
 			return errors.New("--group is only for role=group")
 		}
@@ -313,4 +323,16 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
 	}
 	return ApplyEnv(fs)
+}
+
+// MaxReportEvery bounds --report-every: the controller cuts a planned move
+// over only on a report younger than 2s, so slower reports would stall
+// every move.
+const MaxReportEvery = time.Second
+
+func validReportEvery(d time.Duration) error {
+	if d < 0 || d > MaxReportEvery {
+		return fmt.Errorf("--report-every=%v: want 0 (the default, 500ms) up to %v (the controller cuts a shard move over only on a report younger than 2s)", d, MaxReportEvery)
+	}
+	return nil
 }

@@ -327,7 +327,7 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 			return nil, err
 		}
 		n.group = shardkv.NewGroup(shardkv.GroupConfig{Ctrler: n.ctrl, TrackLeaders: o.RESP != "", MaxValueBytes: o.MaxValueBytes,
-			MigrateBytesPerSec: o.MigrateBytesPerSec, Logger: log}, n.replica, n.groupSM)
+			MigrateBytesPerSec: o.MigrateBytesPerSec, ReportEvery: o.ReportEvery, Logger: log}, n.replica, n.groupSM)
 		n.group.Register(n.grpc)
 		n.stop = append(n.stop, n.group.Stop, func() { n.ctrl.Close() })
 		if o.RESP != "" {
