@@ -18,6 +18,11 @@
 #   KEYSPACE         -r (default 100000)
 #   PIPELINES        the -P values (default "1 16")
 #   NODE_ARGS        extra flags for `node local` (e.g. "--shards=64")
+#   TRIPLES          first time one go-redis pipeline of this many (GET, INCR,
+#                    APPEND) triples to one slot on each (hack/pipebench;
+#                    default 20000, 0 skips it)
+#   TRIPLE_REPS      repetitions of that pipeline; the median is shown
+#                    (default 5)
 #
 # Needs go, redis-benchmark, redis-cli (Debian redis-tools) and
 # redis-server (Debian redis-server). Everything runs in a temp dir on free
@@ -31,6 +36,8 @@ CLIENTS=${CLIENTS:-50}
 KEYSPACE=${KEYSPACE:-100000}
 PIPELINES=${PIPELINES:-"1 16"}
 NODE_ARGS=${NODE_ARGS:-}
+TRIPLES=${TRIPLES:-20000}
+TRIPLE_REPS=${TRIPLE_REPS:-5}
 GROUPS_=3
 REPLICAS=3
 CTRLER_REPLICAS=3
@@ -188,6 +195,21 @@ bench_all() {
 # --- shardkv: node local --resp ---
 log "building the node binary..."
 (cd "$REPO" && go build -o "$TMP/node" ./cmd/node) || die "go build ./cmd/node failed"
+(cd "$REPO" && go build -o "$TMP/pipebench" ./hack/pipebench) || die "go build ./hack/pipebench failed"
+
+declare -A TRIPLE # TRIPLE[target] = median time of the mixed pipeline
+
+# triples TARGET PORT CLUSTER(0/1): time the mixed pipeline.
+triples() {
+  local target=$1 port=$2 cluster=$3 out
+  [ "$TRIPLES" -gt 0 ] || return 0
+  log "  pipeline of $TRIPLES (GET, INCR, APPEND) triples to one slot, $TRIPLE_REPS times ..."
+  local args=(--addrs "127.0.0.1:$port" --triples "$TRIPLES" --reps "$TRIPLE_REPS")
+  [ "$cluster" = 1 ] && args+=(--cluster)
+  out=$("$TMP/pipebench" "${args[@]}" 2>&1) || die "pipebench ${args[*]} failed:"$'\n'"$out"
+  printf '%s\n' "$out" | sed 's/^/redis-bench:     /' >&2
+  TRIPLE[$target]=$(printf '%s\n' "$out" | sed -n 's/.*median of [0-9]*: //p')
+}
 
 PROCS=$(( CTRLER_REPLICAS + GROUPS_ * REPLICAS ))
 BASE=$(free_base "$PROCS")
@@ -208,6 +230,7 @@ RESP_PORT=$(awk '$1 == "group-1-1" { split($5, a, ":"); print a[2] }' "$TMP/loca
 wait_ready "$RESP_PORT" 1 || die "shardkv's RESP port $RESP_PORT is not ready (CLUSTER INFO / SET)"
 SHARDS=$(grep -o '[0-9]* shards' "$TMP/local.out" | head -1)
 log "shardkv is serving RESP on 127.0.0.1:$RESP_PORT ($SHARDS); running redis-benchmark --cluster"
+triples shardkv "$RESP_PORT" 1 # first: on the fresh cluster, as on Redis
 bench_all shardkv "$RESP_PORT" 1
 
 log "stopping node local..."
@@ -224,6 +247,7 @@ redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$TMP/redis" --save "" 
   --appendonly yes --appendfsync always --daemonize no --loglevel warning >"$TMP/redis.log" 2>&1 &
 REDIS_PID=$!
 wait_ready "$REDIS_PORT" 0 || { cat "$TMP/redis.log" >&2; die "redis-server did not start"; }
+triples redis "$REDIS_PORT" 0
 bench_all redis "$REDIS_PORT" 0
 
 # --- the table ---
@@ -243,3 +267,8 @@ for p in $PIPELINES; do
     printf '%-5s %-3s | %10s %10s %8s %8s | %10s %10s %8s %8s\n' "${t^^}" "$p" "$sn" "$sr" "$s50" "$s99" "$rn" "$rr" "$r50" "$r99"
   done
 done
+if [ "$TRIPLES" -gt 0 ]; then
+  echo
+  echo "one go-redis pipeline of $TRIPLES (GET, INCR, APPEND) triples to one slot, median of $TRIPLE_REPS:"
+  echo "  shardkv ${TRIPLE[shardkv]}   redis ${TRIPLE[redis]}"
+fi
