@@ -128,6 +128,14 @@ func (p *pipeline) read(it *item) {
 		if p.write(it) {
 			return
 		}
+		// The batch is full: the read opens the next one, in the log
+		// after this one's writes. Made on its own it would wait for a
+		// ReadIndex round, one more round per batch of a pipeline that
+		// mixes reads and writes.
+		p.flushWrites()
+		if p.write(it) {
+			return
+		}
 		it.logRead, it.ops = false, nil
 	}
 	p.flushWrites()

@@ -205,6 +205,50 @@ func (e *env) testStreaming(t *testing.T) {
 	}
 }
 
+// testReadsRideFullBatches: in a pipeline that mixes reads and writes,
+// a read that finds the write batch full opens the next batch instead of
+// waiting for a ReadIndex round of its own. 1,000 (GET, INCR, APPEND)
+// triples fill three batches of 1,024 ops; only the first GET, before
+// any write, reads outside the log. Before, every batch boundary that
+// fell on a GET cost one more round: 3 reads outside the log here.
+func (e *env) testReadsRideFullBatches(t *testing.T) {
+	h := &hookBackend{Backend: e.w.Group(gA, e.leader(gA))}
+	var reads, writes atomic.Int64
+	h.setWrite(func(ctx context.Context, ops []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error) {
+		writes.Add(1)
+		return h.Backend.WriteBatch(ctx, ops)
+	})
+	h.setRead(func(ctx context.Context, keys [][]byte, f bool) ([]shardkv.ValueEntry, error) {
+		reads.Add(1)
+		return h.Backend.ReadKeys(ctx, keys, f, nil)
+	})
+	_, addr := extraServer(t, resp.Config{}, h)
+	tag := e.keyIn(gA, "ride:") // a key's slot is its tag's
+	ctr, log := "{"+tag+"}ctr", "{"+tag+"}log"
+	c := dial(t, addr)
+	defer c.c.Close()
+	const n = 1000
+	var b []byte
+	for range n {
+		b = append(b, encode("get", ctr)...)
+		b = append(b, encode("incr", ctr)...)
+		b = append(b, encode("append", log, "x")...)
+	}
+	c.write(b)
+	for i := range n {
+		if i == 0 {
+			expect(t, c.read(), nil, "GET 0")
+		} else {
+			expect(t, c.read(), strconv.Itoa(i), "GET ", i)
+		}
+		expect(t, c.read(), int64(i+1), "INCR ", i)
+		expect(t, c.read(), int64(i+1), "APPEND ", i)
+	}
+	if r, w := reads.Load(), writes.Load(); r != 1 || w < 3 {
+		t.Errorf("%d triples took %d read rounds and %d write batches; want 1 read round (the first GET) and at least 3 batches", n, r, w)
+	}
+}
+
 // testDeadline: a pipeline's commands not started when their deadline is
 // near are refused with TRYAGAIN and never executed; the one that was
 // started is answered with its result.

@@ -27,6 +27,7 @@ func TestRESP(t *testing.T) {
 	e.run(t, "Scan", e.testScan)
 	e.run(t, "Pipeline", e.testPipeline)
 	e.run(t, "Streaming", e.testStreaming)
+	e.run(t, "ReadsRideFullBatches", e.testReadsRideFullBatches)
 	e.run(t, "Deadline", e.testDeadline)
 	e.run(t, "FirstRefused", e.testFirstRefused)
 	e.run(t, "Connection", e.testConnection)
