@@ -207,10 +207,11 @@ func (e *env) testStreaming(t *testing.T) {
 
 // testReadsRideFullBatches: in a pipeline that mixes reads and writes,
 // a read that finds the write batch full opens the next batch instead of
-// waiting for a ReadIndex round of its own. 1,000 (GET, INCR, APPEND)
-// triples fill three batches of 1,024 ops; only the first GET, before
-// any write, reads outside the log. Before, every batch boundary that
-// fell on a GET cost one more round: 3 reads outside the log here.
+// waiting for a ReadIndex round of its own. 4,000 (GET, INCR, APPEND)
+// triples fill at least three batches of 4,096 ops; only the first GET,
+// before any write, reads outside the log. Before, every batch boundary
+// that fell on a GET cost one more round (with batches of 1,024 ops,
+// 1,000 triples took 3 reads outside the log).
 func (e *env) testReadsRideFullBatches(t *testing.T) {
 	h := &hookBackend{Backend: e.w.Group(gA, e.leader(gA))}
 	var reads, writes atomic.Int64
@@ -227,7 +228,7 @@ func (e *env) testReadsRideFullBatches(t *testing.T) {
 	ctr, log := "{"+tag+"}ctr", "{"+tag+"}log"
 	c := dial(t, addr)
 	defer c.c.Close()
-	const n = 1000
+	const n = 4000
 	var b []byte
 	for range n {
 		b = append(b, encode("get", ctr)...)
