@@ -80,3 +80,41 @@ func TestRanges(t *testing.T) {
 		}
 	}
 }
+
+// TestCRC16Table: the table-driven CRC agrees with the bit-by-bit
+// definition on every single byte and on keys of every length up to 64.
+func TestCRC16Table(t *testing.T) {
+	bitwise := func(b []byte) uint16 {
+		var crc uint16
+		for _, c := range b {
+			crc ^= uint16(c) << 8
+			for range 8 {
+				if crc&0x8000 != 0 {
+					crc = crc<<1 ^ 0x1021
+				} else {
+					crc <<= 1
+				}
+			}
+		}
+		return crc
+	}
+	for i := range 256 {
+		if got, want := CRC16([]byte{byte(i)}), bitwise([]byte{byte(i)}); got != want {
+			t.Fatalf("CRC16(%#x) = %#x, want %#x", i, got, want)
+		}
+	}
+	key := make([]byte, 0, 64)
+	for n := range 64 {
+		key = append(key, byte(n*37+11))
+		if got, want := CRC16(key), bitwise(key); got != want {
+			t.Fatalf("CRC16 of %d bytes = %#x, want %#x", len(key), got, want)
+		}
+	}
+}
+
+func BenchmarkSlot(b *testing.B) {
+	key := []byte("{pipebench-1764760000000000000-0}ctr")
+	for b.Loop() {
+		Slot(key)
+	}
+}
