@@ -107,18 +107,28 @@ type record struct {
 	Index      uint64
 	ExpireAtMs int64
 	Value      []byte
+	// framed, when set, is a buffer this record owns: recordHeader bytes
+	// and then Value, in place. encode fills the header and returns it
+	// rather than copying Value: APPEND builds its result so, since a
+	// value that grows by every APPEND was copied twice per APPEND.
+	framed []byte
 }
 
 const recordHeader = 17
 
 func (r record) encode() []byte {
-	b := make([]byte, recordHeader, recordHeader+len(r.Value))
+	b := r.framed
+	if len(b) != recordHeader+len(r.Value) || len(r.Value) > 0 && &b[recordHeader] != &r.Value[0] {
+		b = make([]byte, recordHeader, recordHeader+len(r.Value))
+		b = append(b, r.Value...)
+	}
+	b[0] = 0
 	if r.Tombstone {
 		b[0] = 1
 	}
 	binary.BigEndian.PutUint64(b[1:], r.Index)
 	binary.BigEndian.PutUint64(b[9:], uint64(r.ExpireAtMs))
-	return append(b, r.Value...)
+	return b
 }
 
 func decodeRecord(b []byte) (record, error) {

@@ -52,7 +52,10 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, maxV
 				res.Error = errValueTooLarge
 				return nil, nil
 			}
-			v = append(append(make([]byte, 0, len(old.Value)+len(op.Value)), old.Value...), op.Value...)
+			framed := make([]byte, recordHeader, recordHeader+len(old.Value)+len(op.Value))
+			framed = append(append(framed, old.Value...), op.Value...)
+			res.Ok, res.Num = true, int64(len(framed)-recordHeader)
+			return &record{Value: framed[recordHeader:], ExpireAtMs: oldExpiry, framed: framed}, nil
 		}
 		res.Ok, res.Num = true, int64(len(v))
 		return &record{Value: v, ExpireAtMs: oldExpiry}, nil

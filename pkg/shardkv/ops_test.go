@@ -1,7 +1,9 @@
 package shardkv
 
 import (
+	"bytes"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -228,5 +230,40 @@ func TestChunkRaisesLogClock(t *testing.T) {
 	}
 	if e, code, err := h.sm.GetEntry(key); err != nil || code != OK || e.Found {
 		t.Fatalf("key expired at its source is live here: %+v %v %v", e, code, err)
+	}
+}
+
+// TestAppendEncodesInPlace: APPEND's record encodes into the buffer it
+// was built in (one copy of the value per APPEND, not two), and the bytes
+// decode to the old value, then the appended one, with the old expiry and
+// the new index; the old record's bytes are untouched.
+func TestAppendEncodesInPlace(t *testing.T) {
+	stored := record{Index: 3, ExpireAtMs: 5000, Value: []byte("hello ")}.encode()
+	before := slices.Clone(stored)
+	old, err := decodeRecord(stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := &shardkvpb.WriteResult{}
+	next, err := applyOp(&shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_APPEND, Key: []byte("k"), Value: []byte("world")}, &old, true, 1000, 1<<20, res)
+	if err != nil || next == nil || !res.Ok || res.Num != 11 {
+		t.Fatalf("APPEND: %+v, %v, %+v", next, err, res)
+	}
+	next.Index = 9
+	enc := next.encode()
+	if &enc[recordHeader] != &next.Value[0] {
+		t.Errorf("APPEND's record was copied to encode it")
+	}
+	got, err := decodeRecord(enc)
+	if err != nil || string(got.Value) != "hello world" || got.Index != 9 || got.ExpireAtMs != 5000 || got.Tombstone {
+		t.Errorf("decoded %+v, %v; want hello world, index 9, expiry 5000", got, err)
+	}
+	if !bytes.Equal(stored, before) {
+		t.Errorf("the old record's bytes changed: %q -> %q", before, stored)
+	}
+	// A record whose Value is not in its framed buffer is copied.
+	r := record{Value: []byte("x"), framed: make([]byte, recordHeader+1)}
+	if enc := r.encode(); &enc[recordHeader] == &r.framed[recordHeader] || string(enc[recordHeader:]) != "x" {
+		t.Errorf("encode used a framed buffer that does not hold Value: %q", enc)
 	}
 }
