@@ -46,6 +46,7 @@ var allowed = map[string][]string{
 	"cmd/manager":             {"api/v1alpha1", "controllers"},
 	"hack/imagebuild":         nil,
 	"hack/pause":              nil,
+	"hack/pipebench":          nil,
 	"internal/archtest":       nil,
 	"internal/durable":        nil,
 	"internal/lazyfs":         nil, // test-only: a filesystem that forgets unsynced data
@@ -64,7 +65,7 @@ var serverPackages = []string{module + "pkg/ctrler"}
 
 // redisLibs may be imported only at the Redis edge.
 var redisLibs = []string{"github.com/tidwall/redcon", "github.com/redis/go-redis"}
-var redisEdge = []string{"pkg/resp", "pkg/workload", "pkg/kvctl"}
+var redisEdge = []string{"pkg/resp", "pkg/workload", "pkg/kvctl", "hack/pipebench"}
 
 type pkg struct {
 	ImportPath string
