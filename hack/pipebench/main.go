@@ -52,9 +52,9 @@ func run(addrs []string, cluster bool, triples, reps int, label string) error {
 	}
 	var took []time.Duration
 	refusedAny := false
-	run := time.Now().UnixNano()
+	stamp := time.Now().UnixNano()
 	for r := range reps {
-		tag := fmt.Sprintf("{pipebench-%d-%d}", run, r)
+		tag := fmt.Sprintf("{pipebench-%d-%d}", stamp, r)
 		start := time.Now()
 		cmds, _ := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for range triples {

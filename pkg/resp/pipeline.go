@@ -133,8 +133,8 @@ func (p *pipeline) read(it *item) {
 		if p.write(it) {
 			return
 		}
-		// The batch is full: the read opens the next one, in the log
-		// after this one's writes. Made on its own it would wait for a
+		// The batch is full (or cannot hold the value the read returns):
+		// the read opens the next one, in the log after this one's writes. Made on its own it would wait for a
 		// ReadIndex round, one more round per batch of a pipeline that
 		// mixes reads and writes.
 		p.flushWrites()

@@ -46,19 +46,19 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, maxV
 		res.Ok = true
 		return &record{Value: op.Value, ExpireAtMs: exp}, nil
 	case shardkvpb.WriteOp_APPEND:
-		v := op.Value
+		var prev []byte
 		if oldLive {
 			if len(old.Value) > maxValue-len(op.Value) {
 				res.Error = errValueTooLarge
 				return nil, nil
 			}
-			framed := make([]byte, recordHeader, recordHeader+len(old.Value)+len(op.Value))
-			framed = append(append(framed, old.Value...), op.Value...)
-			res.Ok, res.Num = true, int64(len(framed)-recordHeader)
-			return &record{Value: framed[recordHeader:], ExpireAtMs: oldExpiry, framed: framed}, nil
+			prev = old.Value
 		}
-		res.Ok, res.Num = true, int64(len(v))
-		return &record{Value: v, ExpireAtMs: oldExpiry}, nil
+		// Built in the buffer it is encoded in (record.framed): one copy.
+		framed := make([]byte, recordHeader, recordHeader+len(prev)+len(op.Value))
+		framed = append(append(framed, prev...), op.Value...)
+		res.Ok, res.Num = true, int64(len(framed)-recordHeader)
+		return &record{Value: framed[recordHeader:], ExpireAtMs: oldExpiry, framed: framed}, nil
 	case shardkvpb.WriteOp_DELETE:
 		if oldLive {
 			res.Ok = true
