@@ -37,7 +37,7 @@ import (
 const CtrlerGroupID = 0
 
 // ShutdownTimeout bounds a graceful stop after SIGTERM.
-const ShutdownTimeout = 8 * time.Second
+const ShutdownTimeout = 10 * time.Second
 
 // NewLogger returns a structured logger at the given level.
 func NewLogger(level string, w *os.File) *slog.Logger {
@@ -443,14 +443,21 @@ func (n *Node) readyz(w http.ResponseWriter, _ *http.Request) {
 func (n *Node) Replica() *raftgroup.Replica { return n.replica }
 
 // Shutdown stops the node gracefully: a leader first hands leadership to the
-// most caught-up voter, in-flight requests finish (bounded), then
-// everything closes.
+// most caught-up voter and keeps redirecting clients until the cluster's
+// front ends know the new leader (handOverClients), in-flight requests
+// finish (bounded), then everything closes.
 func (n *Node) Shutdown() {
 	n.stopping.Store(true)
 	deadline := time.Now().Add(ShutdownTimeout)
-	if n.replica.IsLeader() {
-		n.transferLeadership(time.Until(deadline) / 2)
+	led := n.replica.IsLeader()
+	if led {
+		n.transferLeadership(time.Until(deadline) / 3)
 	}
+	// A replica that handed leadership over just before SIGTERM (an
+	// operator's rolling update does) is in the same spot as one that led
+	// until the new leader has reported and the front ends have polled.
+	led = led || time.Since(n.replica.LedUntil()) < MaxReportEvery+handoverGrace
+	n.handOverClients(deadline.Add(-3*time.Second), led)
 	n.bgCancel()
 	// GracefulStop refuses new requests and waits for every open stream,
 	// including the Raft streams of peers and config watches, which only

@@ -51,6 +51,7 @@ type Replica struct {
 	removed   atomic.Bool
 	roleMu    sync.Mutex
 	rolec     chan struct{} // closed and replaced when the role changes (RoleChanged)
+	ledUntil  time.Time     // when it last stopped leading (LedUntil)
 
 	membersMu sync.RWMutex
 	members   map[uint64]string // id -> advertised address
@@ -362,7 +363,12 @@ func shortError(err error) string {
 func (r *Replica) handleReady(rd raft.Ready) error {
 	if rd.SoftState != nil {
 		r.leader.Store(rd.SoftState.Lead)
-		if raft.StateType(r.stateType.Swap(int32(rd.SoftState.RaftState))) != rd.SoftState.RaftState {
+		if was := raft.StateType(r.stateType.Swap(int32(rd.SoftState.RaftState))); was != rd.SoftState.RaftState {
+			if was == raft.StateLeader {
+				r.roleMu.Lock()
+				r.ledUntil = time.Now()
+				r.roleMu.Unlock()
+			}
 			r.roleChanged()
 		}
 	}
@@ -505,6 +511,14 @@ func (r *Replica) AwaitLeading(done <-chan struct{}) bool {
 			return false
 		}
 	}
+}
+
+// LedUntil is when this replica last stopped leading; zero if it has not
+// led since it started.
+func (r *Replica) LedUntil() time.Time {
+	r.roleMu.Lock()
+	defer r.roleMu.Unlock()
+	return r.ledUntil
 }
 
 func (r *Replica) roleChanged() {

@@ -113,6 +113,12 @@ func (g *Group) nextKnown() *shardkvpb.Config {
 	return nil
 }
 
+// LeaderPollInterval is how often a replica that tracks leaders
+// (GroupConfig.TrackLeaders) asks the controller for every group's leader:
+// a front end names another group's new leader at most this long after the
+// controller heard of it.
+const LeaderPollInterval = time.Second
+
 // trackLeaders keeps every group's leader as the controller last heard of
 // it (its status), for refusals and Topology (soft state: a stale leader
 // only costs a client one more redirect).
@@ -121,7 +127,7 @@ func (g *Group) trackLeaders() {
 	if g.cfg.Ctrler == nil {
 		return
 	}
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(LeaderPollInterval)
 	defer t.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(g.ctx, 2*time.Second)
