@@ -98,9 +98,9 @@ func TestSIGTERMLeaderUnderRedisLoad(t *testing.T) {
 
 // TestSIGTERMLeaderStaysUntilRedirectsConverge: a leader stopped with
 // SIGTERM (a pod deleted), or one that handed leadership over just before
-// (a rolling update), keeps answering, as a follower
-// that redirects, until every other group's front end names the new leader
-// in CLUSTER SLOTS, and a while after. Front ends learn another group's
+// (a rolling update), keeps answering, as a follower that redirects, until
+// every other group's front end names the new leader in CLUSTER SHARDS
+// (CLUSTER SLOTS says the same), and a while after. Front ends learn another group's
 // leader by polling the controller, so for a second or two after a handover
 // they still name the old one; a client that loads that topology and finds
 // the old leader's port closed gets no redirect to correct it (go-redis
@@ -124,13 +124,20 @@ func TestSIGTERMLeaderStaysUntilRedirectsConverge(t *testing.T) {
 	master := func(i, slot int) string {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		slots, err := clients[i].ClusterSlots(ctx).Result()
+		shards, err := clients[i].ClusterShards(ctx).Result()
 		if err != nil {
 			return "error: " + err.Error()
 		}
-		for _, s := range slots {
-			if s.Start <= slot && slot <= s.End && len(s.Nodes) > 0 {
-				return s.Nodes[0].Addr
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if r.Start > int64(slot) || int64(slot) > r.End {
+					continue
+				}
+				for _, n := range sh.Nodes {
+					if n.Role == "master" {
+						return fmt.Sprintf("%s:%d", n.IP, n.Port)
+					}
+				}
 			}
 		}
 		return "none"
