@@ -127,6 +127,45 @@ var diffAllow = map[string]diffRule{
 			return ""
 		},
 	},
+	"KEYS": {
+		reason: "the order of keys is the hash table's in Redis, key order in shardkv; the set of keys must match",
+		compare: func(_ []string, a, b respValue) string {
+			sorted := func(v respValue) string {
+				keys := make([]string, len(v.arr))
+				for i, k := range v.arr {
+					keys[i] = k.String()
+				}
+				slices.Sort(keys)
+				return string(v.kind) + strings.Join(keys, ",")
+			}
+			if sorted(a) != sorted(b) {
+				return "keys differ: " + sorted(a) + " / " + sorted(b)
+			}
+			return ""
+		},
+	},
+	"TIME": {
+		reason: "two clocks read a few milliseconds apart: both must be [seconds, microseconds] within 2 s of each other",
+		compare: func(_ []string, a, b respValue) string {
+			at := func(v respValue) (float64, bool) {
+				if v.kind != '*' || len(v.arr) != 2 {
+					return 0, false
+				}
+				s, err1 := strconv.ParseInt(v.arr[0].str, 10, 64)
+				us, err2 := strconv.ParseInt(v.arr[1].str, 10, 64)
+				return float64(s) + float64(us)/1e6, err1 == nil && err2 == nil && us >= 0 && us < 1e6
+			}
+			if a.String() == b.String() {
+				return "" // errors
+			}
+			ta, okA := at(a)
+			tb, okB := at(b)
+			if !okA || !okB || math.Abs(ta-tb) > 2 {
+				return "want two [seconds, microseconds] replies within 2 s"
+			}
+			return ""
+		},
+	},
 	"HELLO": {
 		reason: "the server version (shardkv reports the Redis version it implements, 7.0.0) and the client id differ; every other field must match",
 		compare: func(_ []string, a, b respValue) string {

@@ -472,6 +472,25 @@ func (e *env) testPipeline(t *testing.T) {
 	}
 	expect(t, e.do("get", kB), nil, "the refused write did not run")
 
+	// Two-key writes and SETRANGE in one batch: each read sees the writes
+	// before it (the reads are made inside the entry, at their place).
+	ht := "{" + k2 + "}"
+	b = nil
+	for _, cmd := range [][]string{
+		{"set", ht + "a", "hello"}, {"setrange", ht + "a", "1", "EY"}, {"rename", ht + "a", ht + "b"}, {"get", ht + "a"},
+		{"get", ht + "b"}, {"copy", ht + "b", ht + "c"}, {"append", ht + "c", "!"}, {"renamenx", ht + "c", ht + "b"},
+		{"get", ht + "b"}, {"get", ht + "c"}, {"rename", ht + "a", ht + "b"}, {"getrange", ht + "c", "-3", "-1"},
+	} {
+		b = append(b, encode(cmd...)...)
+	}
+	c.write(b)
+	for i, want := range []any{
+		status("OK"), int64(5), status("OK"), nil, "hEYlo", int64(1), int64(6), int64(0), "hEYlo", "hEYlo!",
+		rerr("ERR no such key"), "lo!",
+	} {
+		expect(t, c.read(), want, "two-key batch reply ", i)
+	}
+
 	// Keys of several slots of the group in one pipeline.
 	var keys []string
 	for i := 0; len(keys) < 20; i++ {

@@ -23,6 +23,7 @@ type command struct {
 	tips              []string
 	keyFlags          []string // the key spec's flags (keyed commands)
 	keyNotes          string   // the key spec's notes, if any
+	destFlags         []string // set for two-key commands: the second key's spec flags
 	subs              []*command
 	run               handler
 }
@@ -40,6 +41,9 @@ func commandTable() map[string]*command {
 		fSub     = []string{"noscript", "loading", "stale"}
 		aStrR    = []string{"@read", "@string", "@fast"}
 		aStrW    = []string{"@write", "@string", "@fast"}
+		aStrRS   = []string{"@read", "@string", "@slow"}
+		aStrWS   = []string{"@write", "@string", "@slow"}
+		fWriteD  = []string{"write", "denyoom"}
 		aKeyR    = []string{"@keyspace", "@read", "@fast"}
 		aKeyW    = []string{"@keyspace", "@write", "@fast"}
 		aConn    = []string{"@fast", "@connection"}
@@ -74,6 +78,12 @@ func commandTable() map[string]*command {
 		key1("decrby", 3, fWriteDO, aStrW, rw, cmdIncr),
 		key1("incrbyfloat", 3, fWriteDO, aStrW, rw, cmdIncrByFloat),
 		keys("mget", -2, fRO, aStrR, multi, []string{"RO", "access"}, 1, cmdMGet),
+		key1("getex", -2, fWrite, aStrW, []string{"RW", "access", "update"}, cmdGetEx),
+		key1("getrange", 4, []string{"readonly"}, aStrRS, []string{"RO", "access"}, cmdGetRange),
+		key1("substr", 4, []string{"readonly"}, aStrRS, []string{"RO", "access"}, cmdGetRange),
+		key1("setrange", 4, fWriteD, aStrWS, []string{"RW", "update"}, cmdSetRange),
+		key1("setex", 4, fWriteD, aStrWS, []string{"OW", "update"}, cmdSetEx),
+		key1("psetex", 4, fWriteD, aStrWS, []string{"OW", "update"}, cmdSetEx),
 		keys("mset", -3, []string{"write", "denyoom"}, []string{"@write", "@string", "@slow"}, []string{"request_policy:multi_shard", "response_policy:all_succeeded"}, []string{"OW", "update"}, 2, cmdMSet),
 		// Keys.
 		keys("del", -2, []string{"write"}, []string{"@keyspace", "@write", "@slow"}, sum, []string{"RM", "delete"}, 1, cmdDel),
@@ -87,8 +97,19 @@ func commandTable() map[string]*command {
 		{name: "ttl", arity: 2, flags: fRO, first: 1, last: 1, step: 1, acl: aKeyR, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO", "access"}, run: cmdTTL},
 		{name: "pttl", arity: 2, flags: fRO, first: 1, last: 1, step: 1, acl: aKeyR, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO", "access"}, run: cmdTTL},
 		key1("persist", 2, fWrite, aKeyW, []string{"RW", "update"}, cmdPersist),
+		keys("touch", -2, fRO, aKeyR, sum, []string{"RO"}, 1, cmdExists),
+		key1("expiretime", 2, fRO, aKeyR, []string{"RO", "access"}, cmdExpireTime),
+		key1("pexpiretime", 2, fRO, aKeyR, []string{"RO", "access"}, cmdExpireTime),
+		{name: "rename", arity: 3, flags: []string{"write"}, first: 1, last: 2, step: 1, acl: []string{"@keyspace", "@write", "@slow"},
+			keyFlags: []string{"RW", "access", "delete"}, destFlags: []string{"OW", "update"}, run: cmdRename},
+		{name: "renamenx", arity: 3, flags: fWrite, first: 1, last: 2, step: 1, acl: aKeyW,
+			keyFlags: []string{"RW", "access", "delete"}, destFlags: []string{"OW", "insert"}, run: cmdRename},
+		{name: "copy", arity: -3, flags: fWriteD, first: 1, last: 2, step: 1, acl: []string{"@keyspace", "@write", "@slow"},
+			keyFlags: []string{"RO", "access"}, destFlags: []string{"OW", "update"}, run: cmdCopy},
+		none("keys", 2, []string{"readonly"}, []string{"@keyspace", "@read", "@slow", "@dangerous"}, []string{"request_policy:all_shards", "nondeterministic_output_order"}, cmdKeys),
 		none("scan", -2, []string{"readonly"}, []string{"@keyspace", "@read", "@slow"}, []string{"nondeterministic_output", "request_policy:special"}, cmdScan),
 		none("dbsize", 1, fRO, aKeyR, []string{"request_policy:all_shards", "response_policy:agg_sum"}, cmdDBSize),
+		none("time", 1, []string{"loading", "stale", "fast"}, []string{"@fast"}, []string{"nondeterministic_output"}, cmdTime),
 		// Connection.
 		none("ping", -1, []string{"fast"}, aConn, []string{"request_policy:all_shards", "response_policy:all_succeeded"}, cmdPing),
 		none("echo", 2, fConn, aConn, nil, cmdEcho),
@@ -308,9 +329,15 @@ func appendCommandInfo(b []byte, cmd *command) []byte {
 	b = redcon.AppendInt(b, int64(cmd.step))
 	b = appendStatusList(b, cmd.acl)
 	b = appendBulkList(b, cmd.tips)
-	if cmd.first == 0 {
+	switch {
+	case cmd.first == 0:
 		b = redcon.AppendArray(b, 0)
-	} else {
+	case cmd.destFlags != nil:
+		// Two keys, each its own spec (RENAME, COPY).
+		b = redcon.AppendArray(b, 2)
+		b = appendKeySpec(b, cmd.keyFlags, cmd.keyNotes, cmd.first, 0, 1)
+		b = appendKeySpec(b, cmd.destFlags, "", cmd.first+1, 0, 1)
+	default:
 		// One key spec: keys start at index `first` and run to `last`
 		// (relative to it, or from the end) every `step`.
 		lastKey := 0
@@ -318,40 +345,47 @@ func appendCommandInfo(b []byte, cmd *command) []byte {
 			lastKey = cmd.last
 		}
 		b = redcon.AppendArray(b, 1)
-		if cmd.keyNotes != "" {
-			b = redcon.AppendArray(b, 8)
-			b = redcon.AppendBulkString(b, "notes")
-			b = redcon.AppendBulkString(b, cmd.keyNotes)
-		} else {
-			b = redcon.AppendArray(b, 6)
-		}
-		b = redcon.AppendBulkString(b, "flags")
-		b = appendStatusList(b, cmd.keyFlags)
-		b = redcon.AppendBulkString(b, "begin_search")
-		b = redcon.AppendArray(b, 4)
-		b = redcon.AppendBulkString(b, "type")
-		b = redcon.AppendBulkString(b, "index")
-		b = redcon.AppendBulkString(b, "spec")
-		b = redcon.AppendArray(b, 2)
-		b = redcon.AppendBulkString(b, "index")
-		b = redcon.AppendInt(b, int64(cmd.first))
-		b = redcon.AppendBulkString(b, "find_keys")
-		b = redcon.AppendArray(b, 4)
-		b = redcon.AppendBulkString(b, "type")
-		b = redcon.AppendBulkString(b, "range")
-		b = redcon.AppendBulkString(b, "spec")
-		b = redcon.AppendArray(b, 6)
-		b = redcon.AppendBulkString(b, "lastkey")
-		b = redcon.AppendInt(b, int64(lastKey))
-		b = redcon.AppendBulkString(b, "keystep")
-		b = redcon.AppendInt(b, int64(cmd.step))
-		b = redcon.AppendBulkString(b, "limit")
-		b = redcon.AppendInt(b, 0)
+		b = appendKeySpec(b, cmd.keyFlags, cmd.keyNotes, cmd.first, lastKey, cmd.step)
 	}
 	b = redcon.AppendArray(b, len(cmd.subs))
 	for _, s := range cmd.subs {
 		b = appendCommandInfo(b, s)
 	}
+	return b
+}
+
+// appendKeySpec appends a key spec of Redis 7: an index begin_search and a
+// range find_keys.
+func appendKeySpec(b []byte, flags []string, notes string, index, lastKey, step int) []byte {
+	if notes != "" {
+		b = redcon.AppendArray(b, 8)
+		b = redcon.AppendBulkString(b, "notes")
+		b = redcon.AppendBulkString(b, notes)
+	} else {
+		b = redcon.AppendArray(b, 6)
+	}
+	b = redcon.AppendBulkString(b, "flags")
+	b = appendStatusList(b, flags)
+	b = redcon.AppendBulkString(b, "begin_search")
+	b = redcon.AppendArray(b, 4)
+	b = redcon.AppendBulkString(b, "type")
+	b = redcon.AppendBulkString(b, "index")
+	b = redcon.AppendBulkString(b, "spec")
+	b = redcon.AppendArray(b, 2)
+	b = redcon.AppendBulkString(b, "index")
+	b = redcon.AppendInt(b, int64(index))
+	b = redcon.AppendBulkString(b, "find_keys")
+	b = redcon.AppendArray(b, 4)
+	b = redcon.AppendBulkString(b, "type")
+	b = redcon.AppendBulkString(b, "range")
+	b = redcon.AppendBulkString(b, "spec")
+	b = redcon.AppendArray(b, 6)
+	b = redcon.AppendBulkString(b, "lastkey")
+	b = redcon.AppendInt(b, int64(lastKey))
+	b = redcon.AppendBulkString(b, "keystep")
+	b = redcon.AppendInt(b, int64(step))
+	b = redcon.AppendBulkString(b, "limit")
+	b = redcon.AppendInt(b, 0)
 	return b
 }
 

@@ -258,10 +258,11 @@ func (p *pipeline) reserveReturn(est int, alone bool) bool {
 }
 
 // written estimates what op writes to storage: its key and the value it
-// leaves. For APPEND, EXPIRE and PERSIST, which rewrite a value they do not
-// carry, that is the value's size as last seen by this connection (a reply
-// or an earlier op of its pipeline), or the value limit if unknown. It
-// notes the size op leaves for the ops after it if commit.
+// leaves. For APPEND, SETRANGE, EXPIRE, PERSIST, RENAME and COPY, which
+// write a value they do not carry, that is the value's size as last seen
+// by this connection (a reply or an earlier op of its pipeline), or the
+// value limit if unknown. It notes the size op leaves for the ops after it
+// if commit.
 func (p *pipeline) written(op *shardkvpb.WriteOp, commit bool) int {
 	k, limit := string(op.Key), p.c.s.cfg.MaxValueBytes
 	var n int
@@ -274,6 +275,19 @@ func (p *pipeline) written(op *shardkvpb.WriteOp, commit bool) int {
 		n = p.size(k)
 	case shardkvpb.WriteOp_INCR, shardkvpb.WriteOp_INCR_FLOAT:
 		n = 32
+	case shardkvpb.WriteOp_SET_RANGE:
+		n = min(max(p.size(k), int(min(op.Delta, int64(limit)))+len(op.Value)), limit)
+	case shardkvpb.WriteOp_RENAME, shardkvpb.WriteOp_COPY:
+		// The destination takes the source's value; a renamed source
+		// becomes a tombstone.
+		moved := p.size(k)
+		if commit {
+			p.noteSize(op.Dest, moved)
+		}
+		if op.Kind == shardkvpb.WriteOp_COPY {
+			return len(op.Dest) + moved + 32
+		}
+		return len(op.Key) + len(op.Dest) + moved + 64
 	}
 	if commit {
 		p.noteSize(op.Key, n)
@@ -294,7 +308,7 @@ func (p *pipeline) learn(items []*item) {
 			continue
 		}
 		for i, op := range it.ops {
-			if r := it.res[i]; op.Kind == shardkvpb.WriteOp_APPEND && r.Ok && r.Error == "" {
+			if r := it.res[i]; (op.Kind == shardkvpb.WriteOp_APPEND || op.Kind == shardkvpb.WriteOp_SET_RANGE) && r.Ok && r.Error == "" {
 				p.noteSize(op.Key, int(r.Num))
 			}
 		}

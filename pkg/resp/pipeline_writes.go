@@ -202,6 +202,12 @@ func opErrorText(code string) string {
 		return "ERR the command writes too much for one transaction; send fewer keys per command"
 	case shardkvpb.OpErrResultTooLarge:
 		return "ERR the values returned by this command and the others of its batch are too large; read fewer or smaller keys per command"
+	case shardkvpb.OpErrNoSuchKey:
+		return "ERR no such key"
+	case shardkvpb.OpErrCrossShard:
+		return "CROSSSLOT Keys in request don't hash to the same slot"
+	case shardkvpb.OpErrOffset:
+		return "ERR offset is out of range"
 	case shardkvpb.OpErrBadRecord:
 		return "ERR a stored record could not be decoded (see the server log)"
 	}

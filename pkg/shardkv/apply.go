@@ -8,6 +8,7 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
+	"github.com/shardkv/shardkv/pkg/routing"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/protobuf/proto"
 )
@@ -387,6 +388,9 @@ func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 
 // mutate runs op on its key's record; a refusal is res.Error.
 func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, error) {
+	if op.Kind == shardkvpb.WriteOp_RENAME || op.Kind == shardkvpb.WriteOp_COPY {
+		return a.mutatePair(s, op)
+	}
 	old, err := a.get(dataKey(s, op.Key))
 	if errors.Is(err, errBadRecord) {
 		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrBadRecord}, nil
@@ -420,6 +424,53 @@ func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 	}
 	if op.ReturnPrev && oldLive {
 		res.Prev, res.PrevFound = old.Value, true
+	}
+	return res, nil
+}
+
+// mutatePair runs RENAME or COPY, which read the records of two keys of
+// shard s and may write both.
+func (a *applyCtx) mutatePair(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, error) {
+	if routing.ShardOf(op.Dest, len(a.config.Shards)) != s {
+		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrCrossShard}, nil
+	}
+	if len(dataKey(s, op.Dest)) > badgerMaxKey {
+		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrKeyTooLarge}, nil
+	}
+	src, err := a.get(dataKey(s, op.Key))
+	if err == nil {
+		var dst *record
+		if dst, err = a.get(dataKey(s, op.Dest)); err == nil {
+			return a.putPair(s, op, src, dst)
+		}
+	}
+	if errors.Is(err, errBadRecord) {
+		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrBadRecord}, nil
+	}
+	return nil, err
+}
+
+func (a *applyCtx) putPair(s int, op *shardkvpb.WriteOp, src, dst *record) (*shardkvpb.WriteResult, error) {
+	nowMs := a.nowNS / 1e6
+	res := &shardkvpb.WriteResult{}
+	nextSrc, nextDst := applyPair(op, src, src != nil && src.live(nowMs), dst, dst != nil && dst.live(nowMs), res)
+	if res.Error != "" {
+		return &shardkvpb.WriteResult{Error: res.Error}, nil
+	}
+	if nextDst != nil && nextDst.ExpireAtMs != 0 && len(expiresKey(0, s, op.Dest)) > badgerMaxKey {
+		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrKeyTooLarge}, nil
+	}
+	for _, w := range []struct {
+		key       []byte
+		old, next *record
+	}{{op.Dest, dst, nextDst}, {op.Key, src, nextSrc}} {
+		if w.next == nil {
+			continue
+		}
+		w.next.Index = a.index
+		if err := a.putRecord(s, w.key, w.old, w.next); err != nil {
+			return nil, err
+		}
 	}
 	return res, nil
 }

@@ -142,8 +142,18 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 		switch op.Kind {
 		case shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_CAS:
 			v = len(op.Value)
-		case shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_EXPIRE, shardkvpb.WriteOp_PERSIST:
+		case shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_EXPIRE, shardkvpb.WriteOp_PERSIST, shardkvpb.WriteOp_SET_RANGE:
 			v = maxValue
+		case shardkvpb.WriteOp_RENAME, shardkvpb.WriteOp_COPY:
+			// The source keeps its value or becomes a tombstone; the
+			// destination takes a value of up to maxValue and the
+			// source's expiry.
+			d := len(op.Dest)
+			b.add(4+d, recordHeader+maxValue)
+			b.add(3+d, 0)
+			b.add(11+d, 0)
+			b.add(11+d, 0)
+			b.add(11+d, 0)
 		case shardkvpb.WriteOp_INCR:
 			v = 20
 		case shardkvpb.WriteOp_INCR_FLOAT:

@@ -281,7 +281,7 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 		n = 8 + g.intn(24)
 	}
 	for i := range n {
-		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(8)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
+		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(11)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
 			ReturnPrev: g.intn(3) == 0, KeepTtl: g.intn(5) == 0, Delta: int64(g.byte()) - 128, ExpectAbsent: g.intn(2) == 0}
 		if many {
 			op.Kind, op.Key = shardkvpb.WriteOp_Kind(i%3), fmt.Appendf(nil, "{0}m%d", i)
@@ -289,6 +289,15 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 		if long {
 			op.Kind = []shardkvpb.WriteOp_Kind{shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_DELETE}[g.intn(2)]
 			op.Key = fmt.Appendf(bytes.Repeat([]byte{'L'}, MaxKeyBytesLimit-6), "%06d", g.intn(4)*1000+i)
+		}
+		switch op.Kind {
+		case shardkvpb.WriteOp_RENAME, shardkvpb.WriteOp_COPY:
+			op.Dest = g.key() // at times in another shard: CROSS_SHARD
+		case shardkvpb.WriteOp_SET_RANGE:
+			op.Value = g.value()
+			if g.intn(4) == 0 {
+				op.Delta = int64(cmd.MaxValueBytes) - int64(g.intn(64)) // at the limit
+			}
 		}
 		switch op.Kind {
 		case shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_CAS, shardkvpb.WriteOp_INCR_FLOAT:

@@ -19,6 +19,8 @@ const (
 	// errValueTooLarge: the value the op would leave (APPEND's result
 	// included) is over the command's limit.
 	errValueTooLarge = shardkvpb.OpErrValueTooLarge
+	errNoSuchKey     = shardkvpb.OpErrNoSuchKey
+	errOffset        = shardkvpb.OpErrOffset
 )
 
 // applyOp computes the record op leaves behind (nil: no change) and fills
@@ -148,8 +150,66 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, maxV
 		}
 		res.Ok = true
 		return &record{Value: old.Value}, nil
+	case shardkvpb.WriteOp_SET_RANGE:
+		return setRange(op, old, oldLive, maxValue, res), nil
 	}
 	return nil, fmt.Errorf("unknown write kind %v", op.Kind)
+}
+
+// setRange is SETRANGE: value written over the current one from byte
+// offset delta on, zero bytes filling any gap. An empty value changes
+// nothing and answers the current length, as Redis does; so does a refusal
+// (a negative offset, or a result over maxValue).
+func setRange(op *shardkvpb.WriteOp, old *record, oldLive bool, maxValue int, res *shardkvpb.WriteResult) *record {
+	var cur []byte
+	var exp int64
+	if oldLive {
+		cur, exp = old.Value, old.ExpireAtMs
+	}
+	switch {
+	case op.Delta < 0:
+		res.Error = errOffset
+		return nil
+	case len(op.Value) == 0:
+		res.Ok, res.Num = true, int64(len(cur))
+		return nil
+	case op.Delta > int64(maxValue-len(op.Value)):
+		res.Error = errValueTooLarge
+		return nil
+	}
+	end := int(op.Delta) + len(op.Value)
+	framed := make([]byte, recordHeader+max(len(cur), end))
+	copy(framed[recordHeader:], cur)
+	copy(framed[recordHeader+int(op.Delta):], op.Value)
+	res.Ok, res.Num = true, int64(len(framed)-recordHeader)
+	return &record{Value: framed[recordHeader:], ExpireAtMs: exp, framed: framed}
+}
+
+// applyPair computes what RENAME and COPY leave behind: the records of the
+// source (nil: unchanged) and of the destination (nil: unchanged). Pure, as
+// applyOp.
+func applyPair(op *shardkvpb.WriteOp, src *record, srcLive bool, dst *record, dstLive bool, res *shardkvpb.WriteResult) (nextSrc, nextDst *record) {
+	same := bytes.Equal(op.Key, op.Dest)
+	switch {
+	case !srcLive && op.Kind == shardkvpb.WriteOp_RENAME:
+		res.Error = errNoSuchKey
+		return nil, nil
+	case !srcLive:
+		return nil, nil
+	case same:
+		// RENAME k k is OK and changes nothing (RENAMENX answers 0); the
+		// front end refuses COPY k k before proposing.
+		res.Ok = op.Kind == shardkvpb.WriteOp_RENAME && op.Cond != shardkvpb.WriteOp_IF_ABSENT
+		return nil, nil
+	case dstLive && op.Cond == shardkvpb.WriteOp_IF_ABSENT:
+		return nil, nil
+	}
+	res.Ok = true
+	nextDst = &record{Value: src.Value, ExpireAtMs: src.ExpireAtMs}
+	if op.Kind == shardkvpb.WriteOp_RENAME {
+		nextSrc = &record{Tombstone: true}
+	}
+	return nextSrc, nextDst
 }
 
 // opExpiry is the absolute expiry (Unix ms, 0: none) op asks for: its

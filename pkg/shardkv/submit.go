@@ -120,7 +120,10 @@ func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if len(op.Value) > g.cfg.MaxValueBytes || len(op.Expect) > g.cfg.MaxValueBytes {
 		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("value of %d bytes exceeds the limit of %d", max(len(op.Value), len(op.Expect)), g.cfg.MaxValueBytes), nil)
 	}
-	if op.Kind > shardkvpb.WriteOp_PERSIST {
+	if len(op.Dest) > g.cfg.MaxKeyBytes {
+		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("destination key of %d bytes exceeds the limit of %d", len(op.Dest), g.cfg.MaxKeyBytes), nil)
+	}
+	if op.Kind > shardkvpb.WriteOp_COPY {
 		return invalid("unknown write kind %d", op.Kind)
 	}
 	return nil

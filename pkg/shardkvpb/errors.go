@@ -79,6 +79,12 @@ const (
 	// command's ops return would together pass the per-command result
 	// limit; the op changed nothing.
 	OpErrResultTooLarge = "RESULT_TOO_LARGE"
+	// OpErrNoSuchKey: RENAME of a key that does not exist.
+	OpErrNoSuchKey = "NO_SUCH_KEY"
+	// OpErrCrossShard: RENAME or COPY to a key in another shard.
+	OpErrCrossShard = "CROSS_SHARD"
+	// OpErrOffset: SET_RANGE at a negative offset.
+	OpErrOffset = "OFFSET_OUT_OF_RANGE"
 )
 
 // The two outcomes of a request that did not simply succeed or fail, as Go

@@ -39,19 +39,32 @@ const (
 	WriteOp_EXPIRE WriteOp_Kind = 6
 	// Remove the key's expiry.
 	WriteOp_PERSIST WriteOp_Kind = 7
+	// Overwrite the value from byte offset `delta` on with `value`,
+	// padding with zero bytes (absent = empty; an empty `value` changes
+	// nothing); keeps the TTL. Num: the new length.
+	WriteOp_SET_RANGE WriteOp_Kind = 8
+	// Move the key's value and expiry to `dest` (same shard), replacing
+	// it unless cond is IF_ABSENT. Error NO_SUCH_KEY if the key is absent.
+	WriteOp_RENAME WriteOp_Kind = 9
+	// Copy the key's value and expiry to `dest` (same shard), replacing it
+	// only if cond is ALWAYS (else IF_ABSENT). ok: copied.
+	WriteOp_COPY WriteOp_Kind = 10
 )
 
 // Enum value maps for WriteOp_Kind.
 var (
 	WriteOp_Kind_name = map[int32]string{
-		0: "PUT",
-		1: "APPEND",
-		2: "DELETE",
-		3: "CAS",
-		4: "INCR",
-		5: "INCR_FLOAT",
-		6: "EXPIRE",
-		7: "PERSIST",
+		0:  "PUT",
+		1:  "APPEND",
+		2:  "DELETE",
+		3:  "CAS",
+		4:  "INCR",
+		5:  "INCR_FLOAT",
+		6:  "EXPIRE",
+		7:  "PERSIST",
+		8:  "SET_RANGE",
+		9:  "RENAME",
+		10: "COPY",
 	}
 	WriteOp_Kind_value = map[string]int32{
 		"PUT":        0,
@@ -62,6 +75,9 @@ var (
 		"INCR_FLOAT": 5,
 		"EXPIRE":     6,
 		"PERSIST":    7,
+		"SET_RANGE":  8,
+		"RENAME":     9,
+		"COPY":       10,
 	}
 )
 
@@ -239,7 +255,10 @@ type WriteOp struct {
 	// depends on a proxy's or a leader's own clock (docs/time.md). A value
 	// at or below 0 makes an expiry at or before the entry's time (EXPIRE
 	// then deletes the key).
-	TtlMs         *int64 `protobuf:"varint,12,opt,name=ttl_ms,json=ttlMs,proto3,oneof" json:"ttl_ms,omitempty"`
+	TtlMs *int64 `protobuf:"varint,12,opt,name=ttl_ms,json=ttlMs,proto3,oneof" json:"ttl_ms,omitempty"`
+	// RENAME and COPY: the key written, in the same shard as `key`
+	// (CROSS_SHARD otherwise).
+	Dest          []byte `protobuf:"bytes,13,opt,name=dest,proto3" json:"dest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -356,6 +375,13 @@ func (x *WriteOp) GetTtlMs() int64 {
 		return *x.TtlMs
 	}
 	return 0
+}
+
+func (x *WriteOp) GetDest() []byte {
+	if x != nil {
+		return x.Dest
+	}
+	return nil
 }
 
 type WriteResult struct {
@@ -1407,7 +1433,7 @@ const file_kv_proto_rawDesc = "" +
 	"\aSession\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xde\x04\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\x98\x05\n" +
 	"\aWriteOp\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.shardkv.v1.WriteOp.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1423,7 +1449,8 @@ const file_kv_proto_rawDesc = "" +
 	"\x04cond\x18\n" +
 	" \x01(\x0e2\x18.shardkv.v1.WriteOp.CondR\x04cond\x12\x14\n" +
 	"\x05delta\x18\v \x01(\x03R\x05delta\x12\x1a\n" +
-	"\x06ttl_ms\x18\f \x01(\x03H\x00R\x05ttlMs\x88\x01\x01\"c\n" +
+	"\x06ttl_ms\x18\f \x01(\x03H\x00R\x05ttlMs\x88\x01\x01\x12\x12\n" +
+	"\x04dest\x18\r \x01(\fR\x04dest\"\x88\x01\n" +
 	"\x04Kind\x12\a\n" +
 	"\x03PUT\x10\x00\x12\n" +
 	"\n" +
@@ -1436,7 +1463,12 @@ const file_kv_proto_rawDesc = "" +
 	"INCR_FLOAT\x10\x05\x12\n" +
 	"\n" +
 	"\x06EXPIRE\x10\x06\x12\v\n" +
-	"\aPERSIST\x10\a\"c\n" +
+	"\aPERSIST\x10\a\x12\r\n" +
+	"\tSET_RANGE\x10\b\x12\n" +
+	"\n" +
+	"\x06RENAME\x10\t\x12\b\n" +
+	"\x04COPY\x10\n" +
+	"\"c\n" +
 	"\x04Cond\x12\n" +
 	"\n" +
 	"\x06ALWAYS\x10\x00\x12\r\n" +

@@ -1,0 +1,154 @@
+package resp
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/shardkv/shardkv/pkg/shardkv"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"github.com/tidwall/redcon"
+)
+
+// Keyspace commands beyond DEL, EXISTS and the expiry ones: renaming and
+// copying a key within its slot, KEYS, TOUCH, EXPIRETIME.
+
+// cmdRename serves RENAME and RENAMENX src dst (the dispatcher checked
+// that both keys share a slot, so they share a shard).
+func cmdRename(c *conn, p *pipeline, args [][]byte, slot int) {
+	nx := strings.EqualFold(string(args[0]), "renamenx")
+	op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_RENAME, Key: args[1], Dest: args[2]}
+	if nx {
+		op.Cond = shardkvpb.WriteOp_IF_ABSENT
+	}
+	if e := c.sizeError(op.Key); e != nil {
+		p.reply(e)
+		return
+	}
+	if e := c.sizeError(op.Dest); e != nil {
+		p.reply(e)
+		return
+	}
+	writeOps(p, slot, []*shardkvpb.WriteOp{op}, func(r []*shardkvpb.WriteResult) []byte {
+		if nx {
+			return boolInt(r[0].Ok)
+		}
+		return okReply()
+	})
+}
+
+// cmdCopy: COPY src dst [DB n] [REPLACE]. Only database 0 exists in
+// cluster mode, as in Redis Cluster.
+func cmdCopy(c *conn, p *pipeline, args [][]byte, slot int) {
+	replace := false
+	var db int64
+	for j := 3; j < len(args); j++ {
+		switch opt := strings.ToLower(string(args[j])); {
+		case opt == "replace":
+			replace = true
+		case opt == "db" && j+1 < len(args):
+			n, ok := parseInt(args[j+1])
+			switch {
+			case !ok || n != int64(int32(n)):
+				p.reply(errReply(errNotInteger))
+				return
+			case n < 0 || n >= 16:
+				p.reply(errReply("ERR DB index is out of range"))
+				return
+			}
+			db = n
+			j++
+		default:
+			p.reply(errReply(errSyntax))
+			return
+		}
+	}
+	if db != 0 {
+		p.reply(errReply("ERR Copying to another database is not allowed in cluster mode"))
+		return
+	}
+	if string(args[1]) == string(args[2]) {
+		p.reply(errReply("ERR source and destination objects are the same"))
+		return
+	}
+	op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_COPY, Key: args[1], Dest: args[2]}
+	if !replace {
+		op.Cond = shardkvpb.WriteOp_IF_ABSENT
+	}
+	if e := c.sizeError(op.Key); e != nil {
+		p.reply(e)
+		return
+	}
+	if e := c.sizeError(op.Dest); e != nil {
+		p.reply(e)
+		return
+	}
+	writeOps(p, slot, []*shardkvpb.WriteOp{op}, func(r []*shardkvpb.WriteResult) []byte { return boolInt(r[0].Ok) })
+}
+
+// cmdExpireTime serves EXPIRETIME and PEXPIRETIME: -2 if the key does not
+// exist, -1 if it has no expiry, else its absolute expiry (Unix seconds,
+// rounded to the nearest as Redis does, or milliseconds).
+func cmdExpireTime(c *conn, p *pipeline, args [][]byte, slot int) {
+	ms := strings.EqualFold(string(args[0]), "pexpiretime")
+	c.readTTL(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
+		switch {
+		case !v[0].Found:
+			return redcon.AppendInt(nil, -2)
+		case v[0].ExpireAtMs == 0:
+			return redcon.AppendInt(nil, -1)
+		case ms:
+			return redcon.AppendInt(nil, v[0].ExpireAtMs)
+		}
+		return redcon.AppendInt(nil, (v[0].ExpireAtMs+500)/1000)
+	})
+}
+
+// maxKeysReply bounds what KEYS returns: Redis answers every matching key,
+// which on a large replica is a reply of gigabytes built in memory; SCAN
+// has no such limit.
+const maxKeysReply = 64 << 20
+
+// cmdKeys: KEYS pattern, over the keys of the shards this replica serves
+// (as SCAN, from its own state).
+func cmdKeys(c *conn, p *pipeline, args [][]byte, _ int) {
+	pattern := args[1]
+	var match func([]byte) bool
+	if string(pattern) != "*" {
+		match = func(k []byte) bool { return glob(pattern, k, false) }
+	}
+	p.barrier()
+	var keys [][]byte
+	size := 0
+	var after []byte
+	for first := true; first || after != nil; first = false {
+		batch, next, err := c.s.b.Scan(after, 1024, match)
+		if err != nil {
+			p.reply(errReply("ERR " + err.Error()))
+			return
+		}
+		for _, k := range batch {
+			size += len(k) + 16
+		}
+		if size > maxKeysReply {
+			p.reply(errReply(fmt.Sprintf("ERR KEYS would return more than %d MiB of keys; use SCAN", maxKeysReply>>20)))
+			return
+		}
+		keys, after = append(keys, batch...), next
+	}
+	b := redcon.AppendArray(nil, len(keys))
+	for _, k := range keys {
+		b = redcon.AppendBulk(b, k)
+	}
+	p.reply(b)
+}
+
+// cmdTime: TIME, this server's clock (seconds and microseconds). Data never
+// depends on it (docs/time.md).
+func cmdTime(_ *conn, p *pipeline, _ [][]byte, _ int) {
+	now := time.Now()
+	b := redcon.AppendArray(nil, 2)
+	b = redcon.AppendBulkString(b, fmt.Sprint(now.Unix()))
+	b = redcon.AppendBulkString(b, fmt.Sprint(now.Nanosecond()/1000))
+	p.reply(b)
+}

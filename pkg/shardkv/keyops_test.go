@@ -1,0 +1,105 @@
+package shardkv
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/shardkv/shardkv/pkg/routing"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+)
+
+func dest(k string) func(*shardkvpb.WriteOp) {
+	return func(o *shardkvpb.WriteOp) { o.Dest = []byte(k) }
+}
+
+// TestSetRange: SETRANGE pads with zero bytes, keeps the TTL, answers the
+// length, and refuses a negative offset or a result over the value limit
+// without writing.
+func TestSetRange(t *testing.T) {
+	h := newSMHarness(t)
+	now := h.now.UnixMilli()
+	R := shardkvpb.WriteOp_SET_RANGE
+	at := func(o int64) func(*shardkvpb.WriteOp) { return delta(o) }
+	if r := h.write(op(R, "a", val("xy"), at(3))); r.Result.Num != 5 || h.get("a") != "\x00\x00\x00xy" {
+		t.Fatalf("on an absent key: %d %q", r.Result.Num, h.get("a"))
+	}
+	h.write(op(shardkvpb.WriteOp_PUT, "b", val("Hello World"), exp(now+60_000)))
+	if r := h.write(op(R, "b", val("Redis"), at(6))); r.Result.Num != 11 || h.get("b") != "Hello Redis" || h.entry("b").ExpireAtMs != now+60_000 {
+		t.Fatalf("overwrite: %d %q expiry %d", r.Result.Num, h.get("b"), h.entry("b").ExpireAtMs)
+	}
+	if r := h.write(op(R, "b", val(""), at(100))); r.Result.Num != 11 || h.get("b") != "Hello Redis" {
+		t.Fatalf("an empty value changed the key: %d %q", r.Result.Num, h.get("b"))
+	}
+	if r := h.write(op(R, "none", val(""), at(1))); r.Result.Num != 0 || h.entry("none").Found {
+		t.Fatalf("an empty value on an absent key: %d, found %v", r.Result.Num, h.entry("none").Found)
+	}
+	if r := h.write(op(R, "b", val("z"), at(-1))); r.Result.Error != errOffset || h.get("b") != "Hello Redis" {
+		t.Fatalf("negative offset: %q %q", r.Result.Error, h.get("b"))
+	}
+	limit := int64(MaxValueBytesLimit) // the harness proposes no limit of its own
+	if r := h.write(op(R, "b", val("zz"), at(limit-1))); r.Result.Error != errValueTooLarge || h.get("b") != "Hello Redis" {
+		t.Fatalf("past the value limit: %q", r.Result.Error)
+	}
+	if r := h.write(op(R, "c", val("zz"), at(limit-2))); r.Result.Error != "" || r.Result.Num != limit {
+		t.Fatalf("at the value limit: %q %d", r.Result.Error, r.Result.Num)
+	}
+}
+
+// TestRenameCopy: RENAME moves value and expiry and deletes the source;
+// RENAMENX and COPY without REPLACE leave an existing destination alone; a
+// destination in another shard is refused and nothing changes.
+func TestRenameCopy(t *testing.T) {
+	h := newSMHarness(t)
+	now := h.now.UnixMilli()
+	P, RN, CP := shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_RENAME, shardkvpb.WriteOp_COPY
+	nx := cond(shardkvpb.WriteOp_IF_ABSENT)
+	h.write(op(P, "{t}a", val("1"), exp(now+60_000)))
+	if r := h.write(op(RN, "{t}a", dest("{t}b"))); !r.Result.Ok || h.entry("{t}a").Found || h.get("{t}b") != "1" || h.entry("{t}b").ExpireAtMs != now+60_000 {
+		t.Fatalf("rename: %v, a found %v, b %q expiry %d", r.Result, h.entry("{t}a").Found, h.get("{t}b"), h.entry("{t}b").ExpireAtMs)
+	}
+	if r := h.write(op(RN, "{t}a", dest("{t}b"))); r.Result.Error != errNoSuchKey || h.get("{t}b") != "1" {
+		t.Fatalf("rename of an absent key: %v", r.Result)
+	}
+	if r := h.write(op(RN, "{t}b", dest("{t}b"))); !r.Result.Ok || h.get("{t}b") != "1" {
+		t.Fatalf("rename to itself: %v", r.Result)
+	}
+	if r := h.write(op(RN, "{t}b", dest("{t}b"), nx)); r.Result.Ok || r.Result.Error != "" {
+		t.Fatalf("renamenx to itself: %v", r.Result)
+	}
+	h.write(op(P, "{t}c", val("2")))
+	if r := h.write(op(RN, "{t}c", dest("{t}b"), nx)); r.Result.Ok || h.get("{t}b") != "1" || h.get("{t}c") != "2" {
+		t.Fatalf("renamenx onto an existing key: %v", r.Result)
+	}
+	if r := h.write(op(RN, "{t}c", dest("{t}b"))); !r.Result.Ok || h.get("{t}b") != "2" || h.entry("{t}b").ExpireAtMs != 0 || h.entry("{t}c").Found {
+		t.Fatalf("rename onto an existing key: %v, b %q expiry %d", r.Result, h.get("{t}b"), h.entry("{t}b").ExpireAtMs)
+	}
+	// COPY.
+	h.write(op(P, "{t}d", val("3"), exp(now+9_000)))
+	if r := h.write(op(CP, "{t}d", dest("{t}b"), nx)); r.Result.Ok || h.get("{t}b") != "2" {
+		t.Fatalf("copy onto an existing key without replace: %v", r.Result)
+	}
+	if r := h.write(op(CP, "{t}d", dest("{t}b"))); !r.Result.Ok || h.get("{t}b") != "3" || h.get("{t}d") != "3" || h.entry("{t}b").ExpireAtMs != now+9_000 {
+		t.Fatalf("copy with replace: %v, b %q expiry %d", r.Result, h.get("{t}b"), h.entry("{t}b").ExpireAtMs)
+	}
+	if r := h.write(op(CP, "{t}none", dest("{t}b"))); r.Result.Ok || r.Result.Error != "" || h.get("{t}b") != "3" {
+		t.Fatalf("copy of an absent key: %v", r.Result)
+	}
+	// Another shard: refused, nothing written.
+	other := ""
+	for i := 0; other == ""; i++ {
+		if k := fmt.Sprintf("o%d", i); routing.ShardOf([]byte(k), 4) != routing.ShardOf([]byte("{t}d"), 4) {
+			other = k
+		}
+	}
+	for _, kind := range []shardkvpb.WriteOp_Kind{RN, CP} {
+		if r := h.write(op(kind, "{t}d", dest(other))); r.Result.Error != shardkvpb.OpErrCrossShard || h.entry(other).Found || h.get("{t}d") != "3" {
+			t.Fatalf("%v to another shard: %v", kind, r.Result)
+		}
+	}
+	// A destination key too long for the index: refused, nothing written.
+	long := "{t}" + strings.Repeat("L", MaxKeyBytesLimit)
+	if r := h.write(op(RN, "{t}d", dest(long))); r.Result.Error != shardkvpb.OpErrKeyTooLarge || h.get("{t}d") != "3" {
+		t.Fatalf("rename to a key past the limit: %v", r.Result)
+	}
+}
