@@ -109,6 +109,12 @@ func commandTable() map[string]*command {
 		none("keys", 2, []string{"readonly"}, []string{"@keyspace", "@read", "@slow", "@dangerous"}, []string{"request_policy:all_shards", "nondeterministic_output_order"}, cmdKeys),
 		none("scan", -2, []string{"readonly"}, []string{"@keyspace", "@read", "@slow"}, []string{"nondeterministic_output", "request_policy:special"}, cmdScan),
 		none("dbsize", 1, fRO, aKeyR, []string{"request_policy:all_shards", "response_policy:agg_sum"}, cmdDBSize),
+		none("flushall", -1, []string{"write"}, []string{"@keyspace", "@write", "@slow", "@dangerous"}, []string{"request_policy:all_shards", "response_policy:all_succeeded"}, cmdFlush),
+		none("flushdb", -1, []string{"write"}, []string{"@keyspace", "@write", "@slow", "@dangerous"}, []string{"request_policy:all_shards", "response_policy:all_succeeded"}, cmdFlush),
+		{name: "function", arity: -2, acl: aSlow, subs: []*command{
+			none("function|flush", -2, []string{"noscript", "write"}, []string{"@write", "@slow", "@scripting"}, []string{"request_policy:all_shards", "response_policy:all_succeeded"}, cmdFunctionFlush),
+			none("function|help", 2, []string{"loading", "stale"}, []string{"@slow", "@scripting"}, nil, cmdHelp),
+		}},
 		none("time", 1, []string{"loading", "stale", "fast"}, []string{"@fast"}, []string{"nondeterministic_output"}, cmdTime),
 		// Connection.
 		none("ping", -1, []string{"fast"}, aConn, []string{"request_policy:all_shards", "response_policy:all_succeeded"}, cmdPing),
@@ -526,6 +532,11 @@ func helpText(name string) []string {
 		"config": {
 			"CONFIG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
 			"GET <pattern>", "    Return parameters matching the glob-like <pattern> and their values.",
+			"HELP", "    Print this help.",
+		},
+		"function": {
+			"FUNCTION <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+			"FLUSH [ASYNC|SYNC]", "    Delete all the libraries (shardkv runs no functions: there are none).",
 			"HELP", "    Print this help.",
 		},
 		"cluster": {

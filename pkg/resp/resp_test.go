@@ -25,6 +25,7 @@ func TestRESP(t *testing.T) {
 	e.run(t, "Cluster", e.testCluster)
 	e.run(t, "ClusterClient", e.testClusterClient)
 	e.run(t, "Scan", e.testScan)
+	e.run(t, "Flush", e.testFlush)
 	e.run(t, "Pipeline", e.testPipeline)
 	e.run(t, "Streaming", e.testStreaming)
 	e.run(t, "ReadsRideFullBatches", e.testReadsRideFullBatches)

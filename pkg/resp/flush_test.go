@@ -1,0 +1,40 @@
+package resp_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// testFlush: FLUSHALL on a group's leader deletes that group's keys, in
+// several entries when there are many, and no other group's; a follower
+// refuses it as a Redis replica does.
+func (e *env) testFlush(t *testing.T) {
+	const n = 2500 // three DEL entries of at most 1,000 keys
+	var b []byte
+	for i := range n {
+		b = append(b, encode("set", e.keyIn(gA, fmt.Sprintf("flush%d:", i)), "v")...)
+	}
+	c := dial(t, e.leaderAddr(gA))
+	defer c.c.Close()
+	c.write(b)
+	for i := range n {
+		expect(t, c.read(), status("OK"), "set ", i)
+	}
+	kB := e.keyIn(gB, "flushB:")
+	expect(t, e.do("set", kB, "stays"), status("OK"))
+
+	f := dial(t, e.w.RESPAddr(gA, e.follower(gA)))
+	defer f.c.Close()
+	if r, ok := f.do("flushall").(rerr); !ok || !strings.HasPrefix(string(r), "READONLY ") {
+		t.Fatalf("FLUSHALL on a follower: %v, want READONLY", r)
+	}
+	if got, ok := c.do("dbsize").(int64); !ok || got < n {
+		t.Fatalf("DBSIZE before FLUSHALL: %v, want at least %d (the follower's refusal deleted none)", got, n)
+	}
+	expect(t, c.do("flushall"), status("OK"))
+	expect(t, c.do("dbsize"), int64(0), "keys of group A after FLUSHALL")
+	expect(t, e.do("get", e.keyIn(gA, "flush0:")), nil)
+	expect(t, e.do("get", kB), "stays", "group B's key")
+	expect(t, c.do("flushall", "now"), rerr("ERR syntax error"))
+}
