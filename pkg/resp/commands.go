@@ -85,6 +85,7 @@ func commandTable() map[string]*command {
 		key1("setex", 4, fWriteD, aStrWS, []string{"OW", "update"}, cmdSetEx),
 		key1("psetex", 4, fWriteD, aStrWS, []string{"OW", "update"}, cmdSetEx),
 		keys("mset", -3, []string{"write", "denyoom"}, []string{"@write", "@string", "@slow"}, []string{"request_policy:multi_shard", "response_policy:all_succeeded"}, []string{"OW", "update"}, 2, cmdMSet),
+		keys("msetnx", -3, fWriteD, aStrWS, []string{"request_policy:multi_shard", "response_policy:agg_min"}, []string{"OW", "insert"}, 2, cmdMSetNX),
 		// Keys.
 		keys("del", -2, []string{"write"}, []string{"@keyspace", "@write", "@slow"}, sum, []string{"RM", "delete"}, 1, cmdDel),
 		keys("unlink", -2, fWrite, aKeyW, sum, []string{"RM", "delete"}, 1, cmdDel),

@@ -353,6 +353,27 @@ func cmdMSet(c *conn, p *pipeline, args [][]byte, slot int) {
 	writeOps(p, slot, ops, func([]*shardkvpb.WriteResult) []byte { return okReply() })
 }
 
+// cmdMSetNX: MSETNX key value [key value ...], one op: every key set, or
+// none if any exists (the keys share a slot, hence a shard).
+func cmdMSetNX(c *conn, p *pipeline, args [][]byte, slot int) {
+	if len(args)%2 == 0 {
+		p.reply(wrongArgs("msetnx"))
+		return
+	}
+	op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_MSET_NX, Key: args[1], Value: args[2]}
+	for i := 1; i < len(args); i += 2 {
+		if e := c.sizeError(args[i], args[i+1]); e != nil {
+			p.reply(e)
+			return
+		}
+		if i > 1 {
+			op.MoreKeys = append(op.MoreKeys, args[i])
+			op.MoreValues = append(op.MoreValues, args[i+1])
+		}
+	}
+	writeOps(p, slot, []*shardkvpb.WriteOp{op}, func(r []*shardkvpb.WriteResult) []byte { return boolInt(r[0].Ok) })
+}
+
 // cmdDel serves DEL and UNLINK: the number of keys that existed (a key
 // named twice counts once, as the second delete finds nothing).
 func cmdDel(c *conn, p *pipeline, args [][]byte, slot int) {

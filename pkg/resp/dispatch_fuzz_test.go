@@ -20,7 +20,7 @@ var (
 		"incrbyfloat", "mget", "mset", "del", "unlink", "exists", "type", "expire", "pexpire", "expireat", "pexpireat", "ttl", "pttl",
 		"persist", "scan", "dbsize", "ping", "echo", "hello", "auth", "select", "quit", "readonly", "readwrite", "asking", "client",
 		"command", "config", "cluster", "info", "getex", "getrange", "substr", "setrange", "setex", "psetex", "touch", "expiretime",
-		"pexpiretime", "rename", "renamenx", "copy", "keys", "time", "flushall", "flushdb", "function"}
+		"pexpiretime", "rename", "renamenx", "copy", "keys", "time", "flushall", "flushdb", "function", "msetnx"}
 	fuzzWords = []string{"k", "{t}a", "{t}b", "n", "", "id", "setname", "getname", "setinfo", "lib-name", "info", "list", "help",
 		"count", "docs", "getkeys", "myid", "keyslot", "slots", "shards", "nodes", "countkeysinslot", "getkeysinslot", "ex", "px",
 		"exat", "pxat", "nx", "xx", "gt", "lt", "get", "keepttl", "match", "*", "type", "string", "auth", "setname", "default", "persist", "replace", "db", "{t}*", "flush", "async", "sync",

@@ -277,6 +277,18 @@ func (p *pipeline) written(op *shardkvpb.WriteOp, commit bool) int {
 		n = 32
 	case shardkvpb.WriteOp_SET_RANGE:
 		n = min(max(p.size(k), int(min(op.Delta, int64(limit)))+len(op.Value)), limit)
+	case shardkvpb.WriteOp_MSET_NX:
+		w := 0
+		for i, mk := range op.MoreKeys {
+			if commit {
+				p.noteSize(mk, len(op.MoreValues[i]))
+			}
+			w += len(mk) + len(op.MoreValues[i]) + 32
+		}
+		if commit {
+			p.noteSize(op.Key, len(op.Value))
+		}
+		return w + len(op.Key) + len(op.Value) + 32
 	case shardkvpb.WriteOp_RENAME, shardkvpb.WriteOp_COPY:
 		// The destination takes the source's value; a renamed source
 		// becomes a tombstone.

@@ -388,8 +388,11 @@ func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 
 // mutate runs op on its key's record; a refusal is res.Error.
 func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, error) {
-	if op.Kind == shardkvpb.WriteOp_RENAME || op.Kind == shardkvpb.WriteOp_COPY {
+	switch op.Kind {
+	case shardkvpb.WriteOp_RENAME, shardkvpb.WriteOp_COPY:
 		return a.mutatePair(s, op)
+	case shardkvpb.WriteOp_MSET_NX:
+		return a.msetNX(s, op)
 	}
 	old, err := a.get(dataKey(s, op.Key))
 	if errors.Is(err, errBadRecord) {
@@ -473,6 +476,49 @@ func (a *applyCtx) putPair(s int, op *shardkvpb.WriteOp, src, dst *record) (*sha
 		}
 	}
 	return res, nil
+}
+
+// msetNX sets every pair of op (all in shard s) if none of its keys
+// exists; a key named twice takes its last value.
+func (a *applyCtx) msetNX(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, error) {
+	keys := append([][]byte{op.Key}, op.MoreKeys...)
+	vals := append([][]byte{op.Value}, op.MoreValues...)
+	olds := make([]*record, len(keys))
+	nowMs := a.nowNS / 1e6
+	for i, k := range keys {
+		switch {
+		case len(vals[i]) > a.maxValue:
+			return &shardkvpb.WriteResult{Error: errValueTooLarge}, nil
+		case routing.ShardOf(k, len(a.config.Shards)) != s:
+			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrCrossShard}, nil
+		case len(dataKey(s, k)) > badgerMaxKey:
+			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrKeyTooLarge}, nil
+		}
+		old, err := a.get(dataKey(s, k))
+		if errors.Is(err, errBadRecord) {
+			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrBadRecord}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if old != nil && old.live(nowMs) {
+			return &shardkvpb.WriteResult{}, nil
+		}
+		olds[i] = old
+	}
+	last := map[string]int{}
+	for i, k := range keys {
+		last[string(k)] = i
+	}
+	for i, k := range keys {
+		if last[string(k)] != i {
+			continue
+		}
+		if err := a.putRecord(s, k, olds[i], &record{Value: vals[i], Index: a.index}); err != nil {
+			return nil, err
+		}
+	}
+	return &shardkvpb.WriteResult{Ok: true}, nil
 }
 
 // errBadRecord: a stored record did not decode (a result, not a fault:

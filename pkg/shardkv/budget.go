@@ -144,6 +144,15 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 			v = len(op.Value)
 		case shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_EXPIRE, shardkvpb.WriteOp_PERSIST, shardkvpb.WriteOp_SET_RANGE:
 			v = maxValue
+		case shardkvpb.WriteOp_MSET_NX:
+			v = len(op.Value)
+			for i, mk := range op.MoreKeys {
+				d := len(mk)
+				b.add(4+d, recordHeader+len(op.MoreValues[i]))
+				b.add(3+d, 0)
+				b.add(11+d, 0)
+				b.add(11+d, 0)
+			}
 		case shardkvpb.WriteOp_RENAME, shardkvpb.WriteOp_COPY:
 			// The source keeps its value or becomes a tombstone; the
 			// destination takes a value of up to maxValue and the

@@ -281,7 +281,7 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 		n = 8 + g.intn(24)
 	}
 	for i := range n {
-		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(11)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
+		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(12)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
 			ReturnPrev: g.intn(3) == 0, KeepTtl: g.intn(5) == 0, Delta: int64(g.byte()) - 128, ExpectAbsent: g.intn(2) == 0}
 		if many {
 			op.Kind, op.Key = shardkvpb.WriteOp_Kind(i%3), fmt.Appendf(nil, "{0}m%d", i)
@@ -293,6 +293,11 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 		switch op.Kind {
 		case shardkvpb.WriteOp_RENAME, shardkvpb.WriteOp_COPY:
 			op.Dest = g.key() // at times in another shard: CROSS_SHARD
+		case shardkvpb.WriteOp_MSET_NX:
+			for range g.intn(4) {
+				op.MoreKeys = append(op.MoreKeys, g.key()) // at times in another shard
+				op.MoreValues = append(op.MoreValues, g.value())
+			}
 		case shardkvpb.WriteOp_SET_RANGE:
 			op.Value = g.value()
 			if g.intn(4) == 0 {
@@ -300,7 +305,7 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 			}
 		}
 		switch op.Kind {
-		case shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_CAS, shardkvpb.WriteOp_INCR_FLOAT:
+		case shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_CAS, shardkvpb.WriteOp_INCR_FLOAT, shardkvpb.WriteOp_MSET_NX:
 			op.Value = g.value()
 			if op.Kind == shardkvpb.WriteOp_CAS {
 				op.Expect = g.value()

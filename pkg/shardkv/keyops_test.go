@@ -103,3 +103,39 @@ func TestRenameCopy(t *testing.T) {
 		t.Fatalf("rename to a key past the limit: %v", r.Result)
 	}
 }
+
+// TestMSetNX: every key is set, or none when one exists (live); a key
+// named twice takes its last value; a key of another shard is refused and
+// nothing is written.
+func TestMSetNX(t *testing.T) {
+	h := newSMHarness(t)
+	now := h.now.UnixMilli()
+	M := shardkvpb.WriteOp_MSET_NX
+	more := func(kv ...string) func(*shardkvpb.WriteOp) {
+		return func(o *shardkvpb.WriteOp) {
+			for i := 0; i < len(kv); i += 2 {
+				o.MoreKeys = append(o.MoreKeys, []byte(kv[i]))
+				o.MoreValues = append(o.MoreValues, []byte(kv[i+1]))
+			}
+		}
+	}
+	if r := h.write(op(M, "{m}a", val("1"), more("{m}b", "2", "{m}a", "3"))); !r.Result.Ok || h.get("{m}a") != "3" || h.get("{m}b") != "2" {
+		t.Fatalf("all absent: %v, a %q b %q", r.Result, h.get("{m}a"), h.get("{m}b"))
+	}
+	if r := h.write(op(M, "{m}c", val("x"), more("{m}b", "y"))); r.Result.Ok || h.entry("{m}c").Found || h.get("{m}b") != "2" {
+		t.Fatalf("one exists: %v, c found %v", r.Result, h.entry("{m}c").Found)
+	}
+	h.write(op(shardkvpb.WriteOp_PUT, "{m}gone", val("v"), exp(now-1)))
+	if r := h.write(op(M, "{m}gone", val("new"))); !r.Result.Ok || h.get("{m}gone") != "new" || h.entry("{m}gone").ExpireAtMs != 0 {
+		t.Fatalf("over an expired key: %v", r.Result)
+	}
+	other := ""
+	for i := 0; other == ""; i++ {
+		if k := fmt.Sprintf("o%d", i); routing.ShardOf([]byte(k), 4) != routing.ShardOf([]byte("{m}d"), 4) {
+			other = k
+		}
+	}
+	if r := h.write(op(M, "{m}d", val("1"), more(other, "2"))); r.Result.Error != shardkvpb.OpErrCrossShard || h.entry("{m}d").Found || h.entry(other).Found {
+		t.Fatalf("another shard: %v", r.Result)
+	}
+}

@@ -123,8 +123,19 @@ func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if len(op.Dest) > g.cfg.MaxKeyBytes {
 		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("destination key of %d bytes exceeds the limit of %d", len(op.Dest), g.cfg.MaxKeyBytes), nil)
 	}
-	if op.Kind > shardkvpb.WriteOp_COPY {
+	if op.Kind > shardkvpb.WriteOp_MSET_NX {
 		return invalid("unknown write kind %d", op.Kind)
+	}
+	if len(op.MoreKeys) != len(op.MoreValues) {
+		return invalid("%d more keys but %d more values", len(op.MoreKeys), len(op.MoreValues))
+	}
+	for i, k := range op.MoreKeys {
+		if len(k) > g.cfg.MaxKeyBytes {
+			return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("key of %d bytes exceeds the limit of %d", len(k), g.cfg.MaxKeyBytes), nil)
+		}
+		if len(op.MoreValues[i]) > g.cfg.MaxValueBytes {
+			return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("value of %d bytes exceeds the limit of %d", len(op.MoreValues[i]), g.cfg.MaxValueBytes), nil)
+		}
 	}
 	return nil
 }

@@ -49,6 +49,10 @@ const (
 	// Copy the key's value and expiry to `dest` (same shard), replacing it
 	// only if cond is ALWAYS (else IF_ABSENT). ok: copied.
 	WriteOp_COPY WriteOp_Kind = 10
+	// Set `key` to `value` and each of `more_keys` to its `more_values`
+	// (same shard), all without expiry, only if none of them exists.
+	// ok: set.
+	WriteOp_MSET_NX WriteOp_Kind = 11
 )
 
 // Enum value maps for WriteOp_Kind.
@@ -65,6 +69,7 @@ var (
 		8:  "SET_RANGE",
 		9:  "RENAME",
 		10: "COPY",
+		11: "MSET_NX",
 	}
 	WriteOp_Kind_value = map[string]int32{
 		"PUT":        0,
@@ -78,6 +83,7 @@ var (
 		"SET_RANGE":  8,
 		"RENAME":     9,
 		"COPY":       10,
+		"MSET_NX":    11,
 	}
 )
 
@@ -258,7 +264,10 @@ type WriteOp struct {
 	TtlMs *int64 `protobuf:"varint,12,opt,name=ttl_ms,json=ttlMs,proto3,oneof" json:"ttl_ms,omitempty"`
 	// RENAME and COPY: the key written, in the same shard as `key`
 	// (CROSS_SHARD otherwise).
-	Dest          []byte `protobuf:"bytes,13,opt,name=dest,proto3" json:"dest,omitempty"`
+	Dest []byte `protobuf:"bytes,13,opt,name=dest,proto3" json:"dest,omitempty"`
+	// MSET_NX: the pairs after the first.
+	MoreKeys      [][]byte `protobuf:"bytes,14,rep,name=more_keys,json=moreKeys,proto3" json:"more_keys,omitempty"`
+	MoreValues    [][]byte `protobuf:"bytes,15,rep,name=more_values,json=moreValues,proto3" json:"more_values,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -380,6 +389,20 @@ func (x *WriteOp) GetTtlMs() int64 {
 func (x *WriteOp) GetDest() []byte {
 	if x != nil {
 		return x.Dest
+	}
+	return nil
+}
+
+func (x *WriteOp) GetMoreKeys() [][]byte {
+	if x != nil {
+		return x.MoreKeys
+	}
+	return nil
+}
+
+func (x *WriteOp) GetMoreValues() [][]byte {
+	if x != nil {
+		return x.MoreValues
 	}
 	return nil
 }
@@ -1433,7 +1456,7 @@ const file_kv_proto_rawDesc = "" +
 	"\aSession\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\x98\x05\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xe3\x05\n" +
 	"\aWriteOp\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.shardkv.v1.WriteOp.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1450,7 +1473,10 @@ const file_kv_proto_rawDesc = "" +
 	" \x01(\x0e2\x18.shardkv.v1.WriteOp.CondR\x04cond\x12\x14\n" +
 	"\x05delta\x18\v \x01(\x03R\x05delta\x12\x1a\n" +
 	"\x06ttl_ms\x18\f \x01(\x03H\x00R\x05ttlMs\x88\x01\x01\x12\x12\n" +
-	"\x04dest\x18\r \x01(\fR\x04dest\"\x88\x01\n" +
+	"\x04dest\x18\r \x01(\fR\x04dest\x12\x1b\n" +
+	"\tmore_keys\x18\x0e \x03(\fR\bmoreKeys\x12\x1f\n" +
+	"\vmore_values\x18\x0f \x03(\fR\n" +
+	"moreValues\"\x95\x01\n" +
 	"\x04Kind\x12\a\n" +
 	"\x03PUT\x10\x00\x12\n" +
 	"\n" +
@@ -1468,7 +1494,8 @@ const file_kv_proto_rawDesc = "" +
 	"\n" +
 	"\x06RENAME\x10\t\x12\b\n" +
 	"\x04COPY\x10\n" +
-	"\"c\n" +
+	"\x12\v\n" +
+	"\aMSET_NX\x10\v\"c\n" +
 	"\x04Cond\x12\n" +
 	"\n" +
 	"\x06ALWAYS\x10\x00\x12\r\n" +
