@@ -100,7 +100,7 @@ if [ "$ONLY" != redis ]; then
   wait_for_line "$TMP/local.out" "Ctrl-C stops everything" 180 "$NODE_PID" || { cat "$TMP/local.out" >&2; die "node local did not start"; }
   LEADER=""
   for _ in $(seq 100); do
-    for p in $(awk '$1 ~ /^group-1-/ { split($4, a, ":"); print a[2] }' "$TMP/local.out"); do
+    for p in $(awk '$1 ~ /^group-1-/ { split($5, a, ":"); print a[2] }' "$TMP/local.out"); do
       redis-cli -p "$p" info replication 2>/dev/null | grep -q '^role:master' && LEADER=$p
     done
     [ -n "$LEADER" ] && break
