@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -116,12 +117,48 @@ func (e *env) testInfo(t *testing.T) {
 	f := e.conn(e.w.RESPAddr(gB, fid))
 	host, port, _ := strings.Cut(e.leaderAddr(gB), ":")
 	repl := f.do("info", "replication").(string)
-	expect(t, repl, "# Replication\r\nrole:slave\r\nmaster_host:"+host+"\r\nmaster_port:"+port+"\r\nmaster_link_status:up\r\nconnected_slaves:0\r\n")
+	if !regexp.MustCompile("^# Replication\r\nrole:slave\r\nmaster_host:" + host + "\r\nmaster_port:" + port + "\r\nmaster_link_status:up\r\nconnected_slaves:0\r\nmaster_repl_offset:[1-9][0-9]*\r\n$").MatchString(repl) {
+		t.Errorf("INFO replication on a follower: %q", repl)
+	}
 	sections := f.do("info", "keyspace", "CLUSTER").(string)
 	if !strings.HasPrefix(sections, "# Cluster\r\ncluster_enabled:1\r\n\r\n# Keyspace\r\ndb0:keys=") || strings.Contains(sections, "# Server") {
 		t.Errorf("INFO keyspace cluster: %q", sections)
 	}
 	expect(t, f.do("info", "nosuch"), "")
+	// Memory, CPU and command statistics, as Redis's INFO has them:
+	// commandstats only when asked for (or "all"/"everything").
+	for _, want := range []string{"# Memory\r\nused_memory:", "used_memory_rss:", "maxmemory_policy:noeviction\r\n", "# CPU\r\nused_cpu_sys:", "used_cpu_user:"} {
+		if !strings.Contains(info, want) {
+			t.Errorf("INFO lacks %q", want)
+		}
+	}
+	if strings.Contains(info, "# Commandstats") || strings.Contains(l.do("info", "default").(string), "# Commandstats") {
+		t.Error("INFO and INFO default show commandstats; Redis shows them only when asked")
+	}
+	s := dial(t, e.leaderAddr(gB))
+	defer s.c.Close()
+	ks := e.keyIn(gB, "cmdstat:")
+	for range 3 {
+		expect(t, s.do("set", ks, "v"), status("OK"))
+	}
+	expect(t, s.do("incr", ks), rerr("ERR value is not an integer or out of range"))
+	expect(t, s.do("get", ks, "extra"), rerr("ERR wrong number of arguments for 'get' command"))
+	stats := s.do("info", "commandstats").(string)
+	for _, re := range []string{
+		`(?m)^cmdstat_set:calls=([3-9]|\d\d+),usec=\d+,usec_per_call=\d+\.\d\d,rejected_calls=\d+,failed_calls=\d+\r$`,
+		`(?m)^cmdstat_incr:calls=\d+,usec=\d+,usec_per_call=[\d.]+,rejected_calls=\d+,failed_calls=[1-9]\d*\r$`,
+		`(?m)^cmdstat_get:calls=\d+,usec=\d+,usec_per_call=[\d.]+,rejected_calls=[1-9]\d*,failed_calls=\d+\r$`,
+		`(?m)^cmdstat_info:calls=[1-9]`,
+	} {
+		if !regexp.MustCompile(re).MatchString(stats) {
+			t.Errorf("INFO commandstats does not match %s:\n%s", re, stats)
+		}
+	}
+	for _, sec := range []string{"all", "everything"} {
+		if !strings.Contains(s.do("info", sec).(string), "# Commandstats\r\ncmdstat_") {
+			t.Errorf("INFO %s lacks commandstats", sec)
+		}
+	}
 	// DBSIZE: every key the replica holds; followers catch up.
 	want := l.do("dbsize").(int64)
 	if want < 1 {

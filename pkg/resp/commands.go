@@ -1,9 +1,12 @@
 package resp
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/shardkv/shardkv/pkg/routing"
 	"github.com/tidwall/redcon"
@@ -26,6 +29,39 @@ type command struct {
 	destFlags         []string // set for two-key commands: the second key's spec flags
 	subs              []*command
 	run               handler
+	stats             cmdStats // INFO commandstats
+}
+
+// cmdStats counts a command's calls as Redis's INFO commandstats does:
+// calls that ran (and their time from dispatch to reply), those whose reply
+// was an error (failed), and those refused before running (rejected:
+// arity, authentication, CROSSSLOT, a redirect).
+type cmdStats struct {
+	calls, usec, failed, rejected atomic.Int64
+}
+
+// record counts one call that ran and replied out after took.
+func (st *cmdStats) record(out []byte, took time.Duration) {
+	switch {
+	case len(out) > 0 && out[0] == '-' && redirect(out):
+		st.rejected.Add(1)
+		return
+	case len(out) > 0 && out[0] == '-':
+		st.failed.Add(1)
+	}
+	st.calls.Add(1)
+	st.usec.Add(took.Microseconds())
+}
+
+// redirect reports whether an error reply sends the client elsewhere (the
+// command did not run here).
+func redirect(out []byte) bool {
+	for _, p := range []string{"-MOVED ", "-ASK ", "-TRYAGAIN", "-CLUSTERDOWN"} {
+		if bytes.HasPrefix(out, []byte(p)) {
+			return true
+		}
+	}
+	return false
 }
 
 // commandTable is the supported command set. It is built per Server (not a
@@ -275,10 +311,12 @@ func (c *conn) dispatch(p *pipeline, args [][]byte) {
 		cmd = sub
 	}
 	if !cmd.arityOK(len(args)) || cmd.run == nil {
+		cmd.stats.rejected.Add(1)
 		p.reply(wrongArgs(cmd.name))
 		return
 	}
 	if !c.authed.Load() && !cmd.noAuth() {
+		cmd.stats.rejected.Add(1)
 		p.reply(errReply("NOAUTH Authentication required."))
 		return
 	}
@@ -287,18 +325,22 @@ func (c *conn) dispatch(p *pipeline, args [][]byte) {
 		slot = routing.Slot(keys[0])
 		for _, k := range keys[1:] {
 			if routing.Slot(k) != slot {
+				cmd.stats.rejected.Add(1)
 				p.reply(errReply("CROSSSLOT Keys in request don't hash to the same slot"))
 				return
 			}
 		}
 	}
 	if slot >= 0 && c.burst.refuses(p.deadline) {
+		cmd.stats.rejected.Add(1)
 		c.s.stats.refused.Add(1)
 		p.reply(errReply(errEarlierRefused))
 		return
 	}
 	c.noteCommand(cmd.name)
+	p.cmd, p.started = cmd, time.Now()
 	cmd.run(c, p, args, slot)
+	p.cmd = nil
 }
 
 // unknownCommand is Redis's error for an unknown command: the name and the

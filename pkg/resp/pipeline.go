@@ -53,6 +53,8 @@ const errLate = "TRYAGAIN not executed: the command waited too long behind the r
 // write it waits for.
 type item struct {
 	out      []byte
+	cmd      *command  // the command that added it (nil: refused first), for its stats
+	started  time.Time // when it was dispatched
 	slot     int
 	deadline time.Time // when the reply is due (the command's)
 	seq      uint64    // the command's (see queued)
@@ -92,6 +94,10 @@ type pipeline struct {
 	last     *item   // the last item added
 	deadline time.Time
 	seq      uint64 // the command being dispatched
+	// cmd, started: the command running now and since when (stamped on the
+	// items it adds, for its stats).
+	cmd     *command
+	started time.Time
 
 	reads    []*item
 	nkeys    int
@@ -111,6 +117,7 @@ type pipeline struct {
 
 func (p *pipeline) add(it *item) {
 	it.deadline, it.seq = p.deadline, p.seq
+	it.cmd, it.started = p.cmd, p.started
 	p.items = append(p.items, it)
 	p.last = it
 }
@@ -356,6 +363,12 @@ func (p *pipeline) emit() {
 			}
 		}
 		seq := p.items[n-1].seq
+		now := time.Now()
+		for _, it := range p.items[:n] {
+			if it.cmd != nil {
+				it.cmd.stats.record(it.out, now.Sub(it.started))
+			}
+		}
 		clear(p.items[:n])
 		p.items = p.items[n:]
 		p.c.out.put(b, charge, seq)

@@ -96,7 +96,7 @@ func TestClusterViewLayouts(t *testing.T) {
 	if h := conn.do("hello").([]any); h[11] != "replica" {
 		t.Errorf("HELLO role: %v", h[11])
 	}
-	expect(t, conn.do("info", "replication"), "# Replication\r\nrole:slave\r\nmaster_host:\r\nmaster_port:0\r\nmaster_link_status:down\r\nconnected_slaves:0\r\n")
+	expect(t, conn.do("info", "replication"), "# Replication\r\nrole:slave\r\nmaster_host:\r\nmaster_port:0\r\nmaster_link_status:down\r\nconnected_slaves:0\r\nmaster_repl_offset:42\r\n")
 
 	// Key counts: DBSIZE and INFO count every key held, by shard state.
 	expect(t, conn.do("dbsize"), int64(3))
