@@ -122,11 +122,13 @@ func cmdExists(c *conn, p *pipeline, args [][]byte, slot int) {
 	})
 }
 
-// cmdTTL serves TTL and PTTL: -2 if the key does not exist, -1 if it has no
-// expiry, else the remaining time (TTL rounds to the nearest second, as
-// Redis does).
+// cmdTTL serves TTL, PTTL, EXPIRETIME and PEXPIRETIME: -2 if the key does
+// not exist, -1 if it has no expiry, else the remaining time (TTL, PTTL) or
+// the absolute expiry as a Unix time (EXPIRETIME, PEXPIRETIME); seconds are
+// rounded to the nearest, as Redis does.
 func cmdTTL(c *conn, p *pipeline, args [][]byte, slot int) {
-	ms := strings.EqualFold(string(args[0]), "pttl")
+	name := strings.ToLower(string(args[0]))
+	ms, absolute := name == "pttl" || name == "pexpiretime", strings.HasSuffix(name, "expiretime")
 	c.readTTL(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
 		switch {
 		case !v[0].Found:
@@ -134,11 +136,14 @@ func cmdTTL(c *conn, p *pipeline, args [][]byte, slot int) {
 		case v[0].ExpireAtMs == 0:
 			return redcon.AppendInt(nil, -1)
 		}
-		ttl := max(v[0].ExpireAtMs-v[0].NowMs, 0)
-		if !ms {
-			ttl = (ttl + 500) / 1000
+		t := max(v[0].ExpireAtMs-v[0].NowMs, 0)
+		if absolute {
+			t = v[0].ExpireAtMs
 		}
-		return redcon.AppendInt(nil, ttl)
+		if !ms {
+			t = (t + 500) / 1000
+		}
+		return redcon.AppendInt(nil, t)
 	})
 }
 

@@ -5,13 +5,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"github.com/tidwall/redcon"
 )
 
 // Keyspace commands beyond DEL, EXISTS and the expiry ones: renaming and
-// copying a key within its slot, KEYS, TOUCH, EXPIRETIME.
+// copying a key within its slot, KEYS.
 
 // cmdRename serves RENAME and RENAMENX src dst (the dispatcher checked
 // that both keys share a slot, so they share a shard).
@@ -21,20 +20,24 @@ func cmdRename(c *conn, p *pipeline, args [][]byte, slot int) {
 	if nx {
 		op.Cond = shardkvpb.WriteOp_IF_ABSENT
 	}
-	if e := c.sizeError(op.Key); e != nil {
-		p.reply(e)
-		return
-	}
-	if e := c.sizeError(op.Dest); e != nil {
-		p.reply(e)
-		return
-	}
-	writeOps(p, slot, []*shardkvpb.WriteOp{op}, func(r []*shardkvpb.WriteResult) []byte {
+	c.writePair(p, slot, op, func(r []*shardkvpb.WriteResult) []byte {
 		if nx {
 			return boolInt(r[0].Ok)
 		}
 		return okReply()
 	})
+}
+
+// writePair adds a RENAME or COPY to the pipeline once both its keys fit
+// the key limit.
+func (c *conn) writePair(p *pipeline, slot int, op *shardkvpb.WriteOp, render func([]*shardkvpb.WriteResult) []byte) {
+	for _, k := range [][]byte{op.Key, op.Dest} {
+		if e := c.sizeError(k); e != nil {
+			p.reply(e)
+			return
+		}
+	}
+	writeOps(p, slot, []*shardkvpb.WriteOp{op}, render)
 }
 
 // cmdCopy: COPY src dst [DB n] [REPLACE]. Only database 0 exists in
@@ -75,33 +78,7 @@ func cmdCopy(c *conn, p *pipeline, args [][]byte, slot int) {
 	if !replace {
 		op.Cond = shardkvpb.WriteOp_IF_ABSENT
 	}
-	if e := c.sizeError(op.Key); e != nil {
-		p.reply(e)
-		return
-	}
-	if e := c.sizeError(op.Dest); e != nil {
-		p.reply(e)
-		return
-	}
-	writeOps(p, slot, []*shardkvpb.WriteOp{op}, func(r []*shardkvpb.WriteResult) []byte { return boolInt(r[0].Ok) })
-}
-
-// cmdExpireTime serves EXPIRETIME and PEXPIRETIME: -2 if the key does not
-// exist, -1 if it has no expiry, else its absolute expiry (Unix seconds,
-// rounded to the nearest as Redis does, or milliseconds).
-func cmdExpireTime(c *conn, p *pipeline, args [][]byte, slot int) {
-	ms := strings.EqualFold(string(args[0]), "pexpiretime")
-	c.readTTL(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
-		switch {
-		case !v[0].Found:
-			return redcon.AppendInt(nil, -2)
-		case v[0].ExpireAtMs == 0:
-			return redcon.AppendInt(nil, -1)
-		case ms:
-			return redcon.AppendInt(nil, v[0].ExpireAtMs)
-		}
-		return redcon.AppendInt(nil, (v[0].ExpireAtMs+500)/1000)
-	})
+	c.writePair(p, slot, op, func(r []*shardkvpb.WriteResult) []byte { return boolInt(r[0].Ok) })
 }
 
 // maxKeysReply bounds what KEYS returns: Redis answers every matching key,
