@@ -114,17 +114,30 @@ if [ "$ONLY" != redis ]; then
   NODE_PID=""
 fi
 
-if [ "$ONLY" != shardkv ]; then
+# start_redis: a fresh redis-server (cluster mode, every slot on itself) on
+# RPORT; a unit's tests change its config (proto-max-bulk-len, ...), so
+# each unit gets its own.
+start_redis() {
+  [ -n "$REDIS_PID" ] && { kill "$REDIS_PID" 2>/dev/null || true; wait "$REDIS_PID" 2>/dev/null || true; }
   RPORT=$(free_port)
-  mkdir -p "$TMP/redis"
+  rm -rf "$TMP/redis" && mkdir -p "$TMP/redis"
   redis-server --port "$RPORT" --bind 127.0.0.1 --dir "$TMP/redis" --save "" --appendonly yes --appendfsync always \
-    --cluster-enabled yes --cluster-config-file "$TMP/redis/nodes.conf" --daemonize no --loglevel warning >"$TMP/redis.log" 2>&1 &
+    --cluster-enabled yes --cluster-config-file "$TMP/redis/nodes.conf" --daemonize no --loglevel warning >>"$TMP/redis.log" 2>&1 &
   REDIS_PID=$!
   for _ in $(seq 100); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
   redis-cli -p "$RPORT" cluster addslotsrange 0 16383 >/dev/null || die "CLUSTER ADDSLOTSRANGE failed"
   for _ in $(seq 100); do redis-cli -p "$RPORT" cluster info | grep -q '^cluster_state:ok' && break; sleep 0.1; done
-  log "redis-server $(redis-server --version | awk '{print $3}' | sed 's/^v=//') on 127.0.0.1:$RPORT (cluster mode, every slot)"
-  run_units redis "$RPORT"
+}
+
+if [ "$ONLY" != shardkv ]; then
+  log "redis-server $(redis-server --version | awk '{print $3}' | sed 's/^v=//') (cluster mode, every slot; a fresh one per unit)"
+  ALL_UNITS=("${UNITS[@]}")
+  for u in "${ALL_UNITS[@]}"; do
+    start_redis
+    UNITS=("$u")
+    run_units redis "$RPORT"
+  done
+  UNITS=("${ALL_UNITS[@]}")
 fi
 
 echo

@@ -170,7 +170,7 @@ var diffAllow = map[string]diffRule{
 		reason: "the server version (shardkv reports the Redis version it implements, 7.0.0) and the client id differ; every other field must match",
 		compare: func(_ []string, a, b respValue) string {
 			strip := func(v respValue) string {
-				if v.kind != '*' || len(v.arr)%2 != 0 {
+				if (v.kind != '*' && v.kind != '%') || len(v.arr)%2 != 0 {
 					return v.String()
 				}
 				var parts []string
@@ -179,7 +179,7 @@ var diffAllow = map[string]diffRule{
 						parts = append(parts, v.arr[i].String()+"="+v.arr[i+1].String())
 					}
 				}
-				return strings.Join(parts, " ")
+				return string(v.kind) + strings.Join(parts, " ")
 			}
 			if strip(a) != strip(b) {
 				return "replies differ beyond version and id"

@@ -127,7 +127,7 @@ func cmdHello(c *conn, p *pipeline, args [][]byte, _ int) {
 			p.reply(errReply("ERR Protocol version is not an integer or out of range"))
 			return
 		}
-		if v != 2 {
+		if v != 2 && v != 3 {
 			p.reply(errReply("NOPROTO unsupported protocol version"))
 			return
 		}
@@ -169,13 +169,20 @@ func cmdHello(c *conn, p *pipeline, args [][]byte, _ int) {
 	if c.s.view().Self.Leader {
 		role = "master"
 	}
-	b := redcon.AppendArray(nil, 14)
+	proto := 2
+	if len(args) >= 2 {
+		proto = int(args[1][0] - '0') // 2 or 3, checked above
+		c.resp3.Store(proto == 3)
+	} else if c.resp3.Load() {
+		proto = 3
+	}
+	b := c.appendMap(nil, 7)
 	b = redcon.AppendBulkString(b, "server")
 	b = redcon.AppendBulkString(b, "redis")
 	b = redcon.AppendBulkString(b, "version")
 	b = redcon.AppendBulkString(b, redisVersion)
 	b = redcon.AppendBulkString(b, "proto")
-	b = redcon.AppendInt(b, 2)
+	b = redcon.AppendInt(b, int64(proto))
 	b = redcon.AppendBulkString(b, "id")
 	b = redcon.AppendInt(b, c.id)
 	b = redcon.AppendBulkString(b, "mode")
@@ -228,7 +235,7 @@ func cmdClientGetName(c *conn, p *pipeline, _ [][]byte, _ int) {
 	n := c.name
 	c.mu.Unlock()
 	if n == "" {
-		p.reply(redcon.AppendNull(nil))
+		p.reply(c.null())
 		return
 	}
 	p.reply(redcon.AppendBulkString(nil, n))
@@ -271,7 +278,7 @@ func (c *conn) info() string {
 }
 
 func cmdClientInfo(c *conn, p *pipeline, _ [][]byte, _ int) {
-	p.reply(redcon.AppendBulkString(nil, c.info()))
+	p.reply(c.appendVerbatim(nil, c.info()))
 }
 
 func cmdClientList(c *conn, p *pipeline, args [][]byte, _ int) {
@@ -285,7 +292,7 @@ func cmdClientList(c *conn, p *pipeline, args [][]byte, _ int) {
 	for _, o := range conns {
 		b.WriteString(o.info())
 	}
-	p.reply(redcon.AppendBulkString(nil, b.String()))
+	p.reply(c.appendVerbatim(nil, b.String()))
 }
 
 // configParams are the parameters CONFIG GET reports (read-only; tools such
@@ -314,7 +321,11 @@ func cmdConfigGet(c *conn, p *pipeline, args [][]byte, _ int) {
 			}
 		}
 	}
-	p.reply(appendBulkList(nil, out))
+	b := c.appendMap(nil, len(out)/2)
+	for _, s := range out {
+		b = redcon.AppendBulkString(b, s)
+	}
+	p.reply(b)
 }
 
 func cmdDBSize(c *conn, p *pipeline, _ [][]byte, _ int) {

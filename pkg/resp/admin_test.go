@@ -211,7 +211,7 @@ func (e *env) testAuth(t *testing.T) {
 	if !c3.closed() {
 		t.Error("open after QUIT")
 	}
-	// go-redis: HELLO 3 is refused (NOPROTO), it falls back to RESP2 and AUTH.
+	// go-redis: HELLO 3 with AUTH (RESP3, go-redis's default).
 	rdb := redis.NewClient(&redis.Options{Addr: addr, Password: "secret", ReadTimeout: slow})
 	defer rdb.Close()
 	if v, err := rdb.Get(context.Background(), k).Result(); err != nil || v != "v" {

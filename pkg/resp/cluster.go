@@ -128,7 +128,7 @@ func cmdClusterInfo(c *conn, p *pipeline, _ [][]byte, _ int) {
 		"cluster_stats_messages_received:0",
 		"total_cluster_links_buffer_limit_exceeded:0",
 	}
-	p.reply(redcon.AppendBulkString(nil, strings.Join(lines, "\r\n")+"\r\n"))
+	p.reply(c.appendVerbatim(nil, strings.Join(lines, "\r\n")+"\r\n"))
 }
 
 // cmdClusterNodes: one line per node, in Redis's format, which
@@ -171,21 +171,21 @@ func cmdClusterNodes(c *conn, p *pipeline, _ [][]byte, _ int) {
 			b.WriteByte('\n')
 		}
 	}
-	p.reply(redcon.AppendBulkString(nil, b.String()))
+	p.reply(c.appendVerbatim(nil, b.String()))
 }
 
 // appendSlotsNode appends a node of CLUSTER SLOTS: endpoint, port, id, and
 // the metadata map (the hostname, when the endpoint is one).
-func appendSlotsNode(b []byte, n *node) []byte {
+func (c *conn) appendSlotsNode(b []byte, n *node) []byte {
 	host, port, hostname := endpoint(n.Addr)
 	b = redcon.AppendArray(b, 4)
 	b = redcon.AppendBulkString(b, host)
 	b = redcon.AppendInt(b, int64(port))
 	b = redcon.AppendBulkString(b, n.ID)
 	if hostname == "" {
-		return redcon.AppendArray(b, 0)
+		return c.appendMap(b, 0)
 	}
-	b = redcon.AppendArray(b, 2)
+	b = c.appendMap(b, 1)
 	b = redcon.AppendBulkString(b, "hostname")
 	return redcon.AppendBulkString(b, hostname)
 }
@@ -205,7 +205,7 @@ func cmdClusterSlots(c *conn, p *pipeline, _ [][]byte, _ int) {
 		b = redcon.AppendInt(b, int64(so.Start))
 		b = redcon.AppendInt(b, int64(so.End))
 		for i := range g.Nodes {
-			b = appendSlotsNode(b, &g.Nodes[i])
+			b = c.appendSlotsNode(b, &g.Nodes[i])
 		}
 	}
 	p.reply(append(redcon.AppendArray(nil, n), b...))
@@ -220,7 +220,7 @@ func cmdClusterShards(c *conn, p *pipeline, _ [][]byte, _ int) {
 	for i := range view.Groups {
 		g := &view.Groups[i]
 		so := slotsOf(&view, g.GID)
-		b = redcon.AppendArray(b, 4)
+		b = c.appendMap(b, 2)
 		b = redcon.AppendBulkString(b, "slots")
 		b = redcon.AppendArray(b, 2*len(so))
 		for _, r := range so {
@@ -243,7 +243,7 @@ func cmdClusterShards(c *conn, p *pipeline, _ [][]byte, _ int) {
 			if n.Self {
 				offset = applied // others' offsets are not known here
 			}
-			b = redcon.AppendArray(b, fields)
+			b = c.appendMap(b, fields/2)
 			b = redcon.AppendBulkString(b, "id")
 			b = redcon.AppendBulkString(b, n.ID)
 			b = redcon.AppendBulkString(b, "port")

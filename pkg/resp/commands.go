@@ -368,24 +368,24 @@ func wrongArgs(name string) []byte {
 // appendCommandInfo appends cmd's COMMAND entry: the 10 fields of Redis 7
 // (name, arity, flags, first key, last key, step, ACL categories, tips, key
 // specs, subcommands).
-func appendCommandInfo(b []byte, cmd *command) []byte {
+func (c *conn) appendCommandInfo(b []byte, cmd *command) []byte {
 	b = redcon.AppendArray(b, 10)
 	b = redcon.AppendBulkString(b, cmd.name)
 	b = redcon.AppendInt(b, int64(cmd.arity))
-	b = appendStatusList(b, cmd.flags)
+	b = c.appendSet(b, cmd.flags, redcon.AppendString)
 	b = redcon.AppendInt(b, int64(cmd.first))
 	b = redcon.AppendInt(b, int64(cmd.last))
 	b = redcon.AppendInt(b, int64(cmd.step))
-	b = appendStatusList(b, cmd.acl)
-	b = appendBulkList(b, cmd.tips)
+	b = c.appendSet(b, cmd.acl, redcon.AppendString)
+	b = c.appendSet(b, cmd.tips, redcon.AppendBulkString)
 	switch {
 	case cmd.first == 0:
-		b = redcon.AppendArray(b, 0)
+		b = c.appendSetLen(b, 0)
 	case cmd.destFlags != nil:
 		// Two keys, each its own spec (RENAME, COPY).
-		b = redcon.AppendArray(b, 2)
-		b = appendKeySpec(b, cmd.keyFlags, cmd.keyNotes, cmd.first, 0, 1)
-		b = appendKeySpec(b, cmd.destFlags, "", cmd.first+1, 0, 1)
+		b = c.appendSetLen(b, 2)
+		b = c.appendKeySpec(b, cmd.keyFlags, cmd.keyNotes, cmd.first, 0, 1)
+		b = c.appendKeySpec(b, cmd.destFlags, "", cmd.first+1, 0, 1)
 	default:
 		// One key spec: keys start at index `first` and run to `last`
 		// (relative to it, or from the end) every `step`.
@@ -393,42 +393,45 @@ func appendCommandInfo(b []byte, cmd *command) []byte {
 		if cmd.last < 0 {
 			lastKey = cmd.last
 		}
-		b = redcon.AppendArray(b, 1)
-		b = appendKeySpec(b, cmd.keyFlags, cmd.keyNotes, cmd.first, lastKey, cmd.step)
+		b = c.appendSetLen(b, 1)
+		b = c.appendKeySpec(b, cmd.keyFlags, cmd.keyNotes, cmd.first, lastKey, cmd.step)
+	}
+	if len(cmd.subs) == 0 {
+		return c.appendSetLen(b, 0) // Redis: an empty set, else an array
 	}
 	b = redcon.AppendArray(b, len(cmd.subs))
 	for _, s := range cmd.subs {
-		b = appendCommandInfo(b, s)
+		b = c.appendCommandInfo(b, s)
 	}
 	return b
 }
 
 // appendKeySpec appends a key spec of Redis 7: an index begin_search and a
 // range find_keys.
-func appendKeySpec(b []byte, flags []string, notes string, index, lastKey, step int) []byte {
+func (c *conn) appendKeySpec(b []byte, flags []string, notes string, index, lastKey, step int) []byte {
 	if notes != "" {
-		b = redcon.AppendArray(b, 8)
+		b = c.appendMap(b, 4)
 		b = redcon.AppendBulkString(b, "notes")
 		b = redcon.AppendBulkString(b, notes)
 	} else {
-		b = redcon.AppendArray(b, 6)
+		b = c.appendMap(b, 3)
 	}
 	b = redcon.AppendBulkString(b, "flags")
-	b = appendStatusList(b, flags)
+	b = c.appendSet(b, flags, redcon.AppendString)
 	b = redcon.AppendBulkString(b, "begin_search")
-	b = redcon.AppendArray(b, 4)
+	b = c.appendMap(b, 2)
 	b = redcon.AppendBulkString(b, "type")
 	b = redcon.AppendBulkString(b, "index")
 	b = redcon.AppendBulkString(b, "spec")
-	b = redcon.AppendArray(b, 2)
+	b = c.appendMap(b, 1)
 	b = redcon.AppendBulkString(b, "index")
 	b = redcon.AppendInt(b, int64(index))
 	b = redcon.AppendBulkString(b, "find_keys")
-	b = redcon.AppendArray(b, 4)
+	b = c.appendMap(b, 2)
 	b = redcon.AppendBulkString(b, "type")
 	b = redcon.AppendBulkString(b, "range")
 	b = redcon.AppendBulkString(b, "spec")
-	b = redcon.AppendArray(b, 6)
+	b = c.appendMap(b, 3)
 	b = redcon.AppendBulkString(b, "lastkey")
 	b = redcon.AppendInt(b, int64(lastKey))
 	b = redcon.AppendBulkString(b, "keystep")
@@ -438,13 +441,6 @@ func appendKeySpec(b []byte, flags []string, notes string, index, lastKey, step 
 	return b
 }
 
-func appendStatusList(b []byte, l []string) []byte {
-	b = redcon.AppendArray(b, len(l))
-	for _, s := range l {
-		b = redcon.AppendString(b, s)
-	}
-	return b
-}
 
 func appendBulkList(b []byte, l []string) []byte {
 	b = redcon.AppendArray(b, len(l))
@@ -479,7 +475,7 @@ func cmdCommand(c *conn, p *pipeline, args [][]byte, _ int) {
 	cmds := c.s.sortedCommands()
 	b := redcon.AppendArray(nil, len(cmds))
 	for _, cmd := range cmds {
-		b = appendCommandInfo(b, cmd)
+		b = c.appendCommandInfo(b, cmd)
 	}
 	p.reply(b)
 }
@@ -496,9 +492,9 @@ func cmdCommandInfo(c *conn, p *pipeline, args [][]byte, _ int) {
 	b := redcon.AppendArray(nil, len(args)-2)
 	for _, a := range args[2:] {
 		if cmd := c.s.lookup(string(a)); cmd != nil {
-			b = appendCommandInfo(b, cmd)
+			b = c.appendCommandInfo(b, cmd)
 		} else {
-			b = redcon.AppendNull(b)
+			b = c.appendNull(b)
 		}
 	}
 	p.reply(b)
@@ -506,8 +502,8 @@ func cmdCommandInfo(c *conn, p *pipeline, args [][]byte, _ int) {
 
 // cmdCommandDocs answers an empty map: documentation is optional, and
 // clients (redis-cli's hints) do without it.
-func cmdCommandDocs(_ *conn, p *pipeline, _ [][]byte, _ int) {
-	p.reply(redcon.AppendArray(nil, 0))
+func cmdCommandDocs(c *conn, p *pipeline, _ [][]byte, _ int) {
+	p.reply(c.appendMap(nil, 0))
 }
 
 func cmdCommandList(c *conn, p *pipeline, args [][]byte, _ int) {

@@ -75,7 +75,7 @@ func writeOps(p *pipeline, slot int, ops []*shardkvpb.WriteOp, render func([]*sh
 func cmdGet(c *conn, p *pipeline, args [][]byte, slot int) {
 	c.readKeys(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
 		if !v[0].Found {
-			return redcon.AppendNull(nil)
+			return c.null()
 		}
 		return redcon.AppendBulk(nil, v[0].Value)
 	})
@@ -103,7 +103,7 @@ func cmdMGet(c *conn, p *pipeline, args [][]byte, slot int) {
 			if e.Found {
 				b = redcon.AppendBulk(b, e.Value)
 			} else {
-				b = redcon.AppendNull(b)
+				b = c.appendNull(b)
 			}
 		}
 		return b
@@ -207,7 +207,7 @@ func cmdSet(c *conn, p *pipeline, args [][]byte, slot int) {
 			// With GET the reply is the old value, set or not (as Redis).
 			return redcon.AppendBulk(nil, r[0].Prev)
 		case get, !r[0].Ok:
-			return redcon.AppendNull(nil)
+			return c.null()
 		}
 		return okReply()
 	})
@@ -252,7 +252,7 @@ func cmdGetSet(c *conn, p *pipeline, args [][]byte, slot int) {
 		p.reply(e)
 		return
 	}
-	writeOps(p, slot, []*shardkvpb.WriteOp{op}, prevReply)
+	writeOps(p, slot, []*shardkvpb.WriteOp{op}, c.prevReply)
 }
 
 func cmdGetDel(c *conn, p *pipeline, args [][]byte, slot int) {
@@ -261,12 +261,13 @@ func cmdGetDel(c *conn, p *pipeline, args [][]byte, slot int) {
 		p.reply(e)
 		return
 	}
-	writeOps(p, slot, []*shardkvpb.WriteOp{op}, prevReply)
+	writeOps(p, slot, []*shardkvpb.WriteOp{op}, c.prevReply)
 }
 
-func prevReply(r []*shardkvpb.WriteResult) []byte {
+// prevReply renders the value a write found (null if none).
+func (c *conn) prevReply(r []*shardkvpb.WriteResult) []byte {
 	if !r[0].PrevFound {
-		return redcon.AppendNull(nil)
+		return c.null()
 	}
 	return redcon.AppendBulk(nil, r[0].Prev)
 }

@@ -24,7 +24,7 @@ var (
 	fuzzWords = []string{"k", "{t}a", "{t}b", "n", "", "id", "setname", "getname", "setinfo", "lib-name", "info", "list", "help",
 		"count", "docs", "getkeys", "myid", "keyslot", "slots", "shards", "nodes", "countkeysinslot", "getkeysinslot", "ex", "px",
 		"exat", "pxat", "nx", "xx", "gt", "lt", "get", "keepttl", "match", "*", "type", "string", "auth", "setname", "default", "persist", "replace", "db", "{t}*", "flush", "async", "sync",
-		"0", "1", "-1", "2", "100", "16383", "16384", "1000000000", "9223372036854775807", "-9223372036854775808", "1.5", "nan", "inf", "1e400"}
+		"0", "1", "-1", "2", "3", "100", "16383", "16384", "1000000000", "9223372036854775807", "-9223372036854775808", "1.5", "nan", "inf", "1e400"}
 )
 
 // dispatchServer starts one data group of one replica with its RESP

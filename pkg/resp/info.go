@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/shardkv"
-	"github.com/tidwall/redcon"
 )
 
 // infoSection is one INFO section: a title and key:value lines.
@@ -50,7 +49,7 @@ func cmdInfo(c *conn, p *pipeline, args [][]byte, _ int) {
 			b.WriteString(l + "\r\n")
 		}
 	}
-	p.reply(redcon.AppendBulkString(nil, b.String()))
+	p.reply(c.appendVerbatim(nil, b.String()))
 }
 
 // infoSections builds the sections include asks for.

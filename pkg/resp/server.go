@@ -473,6 +473,7 @@ type conn struct {
 	id      int64
 	created time.Time
 	authed  atomic.Bool // set by the executor (AUTH), read by the reader (limits)
+	resp3   atomic.Bool // HELLO 3: replies in RESP3 (resp3.go)
 	quit    bool        // QUIT: close after the replies are flushed
 	burst   burst
 	sizes   map[string]int // value sizes last seen (pipeline.written)

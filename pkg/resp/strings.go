@@ -64,7 +64,7 @@ func cmdGetEx(c *conn, p *pipeline, args [][]byte, slot int) {
 			// the time.
 			c.readKeys(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
 				if !v[0].Found {
-					return redcon.AppendNull(nil)
+					return c.null()
 				}
 				return e
 			})
@@ -81,7 +81,7 @@ func cmdGetEx(c *conn, p *pipeline, args [][]byte, slot int) {
 		p.reply(e)
 		return
 	}
-	writeOps(p, slot, []*shardkvpb.WriteOp{op}, prevReply)
+	writeOps(p, slot, []*shardkvpb.WriteOp{op}, c.prevReply)
 }
 
 // cmdGetRange serves GETRANGE and SUBSTR key start end: indexes count from
