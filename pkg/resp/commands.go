@@ -78,6 +78,7 @@ func commandTable() map[string]*command {
 		aStrR    = []string{"@read", "@string", "@fast"}
 		aStrW    = []string{"@write", "@string", "@fast"}
 		aStrRS   = []string{"@read", "@string", "@slow"}
+		aBitR    = []string{"@read", "@bitmap", "@fast"}
 		aStrWS   = []string{"@write", "@string", "@slow"}
 		fWriteD  = []string{"write", "denyoom"}
 		aKeyR    = []string{"@keyspace", "@read", "@fast"}
@@ -121,6 +122,10 @@ func commandTable() map[string]*command {
 		key1("setex", 4, fWriteD, aStrWS, []string{"OW", "update"}, cmdSetEx),
 		key1("psetex", 4, fWriteD, aStrWS, []string{"OW", "update"}, cmdSetEx),
 		keys("mset", -3, []string{"write", "denyoom"}, []string{"@write", "@string", "@slow"}, []string{"request_policy:multi_shard", "response_policy:all_succeeded"}, []string{"OW", "update"}, 2, cmdMSet),
+		key1("getbit", 3, fRO, aBitR, []string{"RO", "access"}, cmdGetBit),
+		key1("setbit", 4, fWriteD, []string{"@write", "@bitmap", "@slow"}, []string{"RW", "access", "update"}, cmdSetBit),
+		key1("bitcount", -2, []string{"readonly"}, []string{"@read", "@bitmap", "@slow"}, []string{"RO", "access"}, cmdBitCount),
+		key1("bitpos", -3, []string{"readonly"}, []string{"@read", "@bitmap", "@slow"}, []string{"RO", "access"}, cmdBitPos),
 		keys("msetnx", -3, fWriteD, aStrWS, []string{"request_policy:multi_shard", "response_policy:agg_min"}, []string{"OW", "insert"}, 2, cmdMSetNX),
 		// Keys.
 		keys("del", -2, []string{"write"}, []string{"@keyspace", "@write", "@slow"}, sum, []string{"RM", "delete"}, 1, cmdDel),

@@ -284,6 +284,8 @@ func (p *pipeline) written(op *shardkvpb.WriteOp, commit bool) int {
 		n = 32
 	case shardkvpb.WriteOp_SET_RANGE:
 		n = min(max(p.size(k), int(min(op.Delta, int64(limit)))+len(op.Value)), limit)
+	case shardkvpb.WriteOp_SET_BIT:
+		n = min(max(p.size(k), int(min(op.Delta>>3, int64(limit)))+1), limit)
 	case shardkvpb.WriteOp_MSET_NX:
 		w := 0
 		for i, mk := range op.MoreKeys {

@@ -142,7 +142,7 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 		switch op.Kind {
 		case shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_CAS:
 			v = len(op.Value)
-		case shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_EXPIRE, shardkvpb.WriteOp_PERSIST, shardkvpb.WriteOp_SET_RANGE:
+		case shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_EXPIRE, shardkvpb.WriteOp_PERSIST, shardkvpb.WriteOp_SET_RANGE, shardkvpb.WriteOp_SET_BIT:
 			v = maxValue
 		case shardkvpb.WriteOp_MSET_NX:
 			v = len(op.Value)

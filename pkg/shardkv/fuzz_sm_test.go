@@ -281,7 +281,7 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 		n = 8 + g.intn(24)
 	}
 	for i := range n {
-		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(12)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
+		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(13)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
 			ReturnPrev: g.intn(3) == 0, KeepTtl: g.intn(5) == 0, Delta: int64(g.byte()) - 128, ExpectAbsent: g.intn(2) == 0}
 		if many {
 			op.Kind, op.Key = shardkvpb.WriteOp_Kind(i%3), fmt.Appendf(nil, "{0}m%d", i)
@@ -297,6 +297,11 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 			for range g.intn(4) {
 				op.MoreKeys = append(op.MoreKeys, g.key()) // at times in another shard
 				op.MoreValues = append(op.MoreValues, g.value())
+			}
+		case shardkvpb.WriteOp_SET_BIT:
+			op.Value = []byte{byte(g.intn(3))} // 2: refused
+			if g.intn(4) == 0 {
+				op.Delta = int64(cmd.MaxValueBytes)*8 - int64(g.intn(64)) // at the limit
 			}
 		case shardkvpb.WriteOp_SET_RANGE:
 			op.Value = g.value()

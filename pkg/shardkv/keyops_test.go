@@ -139,3 +139,30 @@ func TestMSetNX(t *testing.T) {
 		t.Fatalf("another shard: %v", r.Result)
 	}
 }
+
+// TestSetBit: SETBIT answers the old bit, pads with zero bytes, keeps the
+// TTL, and refuses a bad offset or bit without writing.
+func TestSetBit(t *testing.T) {
+	h := newSMHarness(t)
+	now := h.now.UnixMilli()
+	B := shardkvpb.WriteOp_SET_BIT
+	bit := func(b byte) func(*shardkvpb.WriteOp) { return func(o *shardkvpb.WriteOp) { o.Value = []byte{b} } }
+	if r := h.write(op(B, "b", delta(9), bit(1))); !r.Result.Ok || r.Result.Num != 0 || h.get("b") != "\x00\x40" {
+		t.Fatalf("set on an absent key: %v %q", r.Result, h.get("b"))
+	}
+	if r := h.write(op(B, "b", delta(9), bit(0))); r.Result.Num != 1 || h.get("b") != "\x00\x00" {
+		t.Fatalf("clear: %v %q", r.Result, h.get("b"))
+	}
+	h.write(op(shardkvpb.WriteOp_PUT, "t", val("a"), exp(now+60_000)))
+	if r := h.write(op(B, "t", delta(7), bit(0))); r.Result.Num != 1 || h.get("t") != "`" || h.entry("t").ExpireAtMs != now+60_000 {
+		t.Fatalf("on a value with a TTL: %v %q", r.Result, h.get("t"))
+	}
+	for _, bad := range []*shardkvpb.WriteOp{op(B, "b", delta(-1), bit(1)), op(B, "b", delta(1), bit(2)), op(B, "b", delta(1))} {
+		if r := h.write(bad); r.Result.Error != errOffset || h.get("b") != "\x00\x00" {
+			t.Fatalf("bad SETBIT %v: %v", bad, r.Result)
+		}
+	}
+	if r := h.write(op(B, "b", delta(int64(MaxValueBytesLimit)*8), bit(1))); r.Result.Error != errValueTooLarge || h.get("b") != "\x00\x00" {
+		t.Fatalf("past the value limit: %v", r.Result)
+	}
+}

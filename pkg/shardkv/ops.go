@@ -152,6 +152,8 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, maxV
 		return &record{Value: old.Value}, nil
 	case shardkvpb.WriteOp_SET_RANGE:
 		return setRange(op, old, oldLive, maxValue, res), nil
+	case shardkvpb.WriteOp_SET_BIT:
+		return setBit(op, old, oldLive, maxValue, res), nil
 	}
 	return nil, fmt.Errorf("unknown write kind %v", op.Kind)
 }
@@ -183,6 +185,39 @@ func setRange(op *shardkvpb.WriteOp, old *record, oldLive bool, maxValue int, re
 	copy(framed[recordHeader+int(op.Delta):], op.Value)
 	res.Ok, res.Num = true, int64(len(framed)-recordHeader)
 	return &record{Value: framed[recordHeader:], ExpireAtMs: exp, framed: framed}
+}
+
+// setBit is SETBIT: bit delta (most significant first) set to value[0],
+// zero bytes filling any gap; refused for an offset that is negative or
+// whose byte is past maxValue, or a value other than 0 or 1.
+func setBit(op *shardkvpb.WriteOp, old *record, oldLive bool, maxValue int, res *shardkvpb.WriteResult) *record {
+	var cur []byte
+	var exp int64
+	if oldLive {
+		cur, exp = old.Value, old.ExpireAtMs
+	}
+	switch {
+	case op.Delta < 0 || len(op.Value) != 1 || op.Value[0] > 1:
+		res.Error = errOffset
+		return nil
+	case op.Delta>>3 >= int64(maxValue):
+		res.Error = errValueTooLarge
+		return nil
+	}
+	i, mask := int(op.Delta>>3), byte(0x80)>>(op.Delta&7)
+	framed := make([]byte, recordHeader+max(len(cur), i+1))
+	copy(framed[recordHeader:], cur)
+	v := framed[recordHeader:]
+	res.Ok = true
+	if v[i]&mask != 0 {
+		res.Num = 1
+	}
+	if op.Value[0] == 1 {
+		v[i] |= mask
+	} else {
+		v[i] &^= mask
+	}
+	return &record{Value: v, ExpireAtMs: exp, framed: framed}
 }
 
 // applyPair computes what RENAME and COPY leave behind: the records of the

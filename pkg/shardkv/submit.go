@@ -123,7 +123,7 @@ func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if len(op.Dest) > g.cfg.MaxKeyBytes {
 		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("destination key of %d bytes exceeds the limit of %d", len(op.Dest), g.cfg.MaxKeyBytes), nil)
 	}
-	if op.Kind > shardkvpb.WriteOp_MSET_NX {
+	if op.Kind > shardkvpb.WriteOp_SET_BIT {
 		return invalid("unknown write kind %d", op.Kind)
 	}
 	if len(op.MoreKeys) != len(op.MoreValues) {

@@ -53,6 +53,10 @@ const (
 	// (same shard), all without expiry, only if none of them exists.
 	// ok: set.
 	WriteOp_MSET_NX WriteOp_Kind = 11
+	// Set bit `delta` (0: the most significant bit of the first byte) to
+	// value[0] (0 or 1), padding with zero bytes; keeps the TTL. Num: the
+	// bit's old value.
+	WriteOp_SET_BIT WriteOp_Kind = 12
 )
 
 // Enum value maps for WriteOp_Kind.
@@ -70,6 +74,7 @@ var (
 		9:  "RENAME",
 		10: "COPY",
 		11: "MSET_NX",
+		12: "SET_BIT",
 	}
 	WriteOp_Kind_value = map[string]int32{
 		"PUT":        0,
@@ -84,6 +89,7 @@ var (
 		"RENAME":     9,
 		"COPY":       10,
 		"MSET_NX":    11,
+		"SET_BIT":    12,
 	}
 )
 
@@ -1456,7 +1462,7 @@ const file_kv_proto_rawDesc = "" +
 	"\aSession\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xe3\x05\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xf0\x05\n" +
 	"\aWriteOp\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.shardkv.v1.WriteOp.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1476,7 +1482,7 @@ const file_kv_proto_rawDesc = "" +
 	"\x04dest\x18\r \x01(\fR\x04dest\x12\x1b\n" +
 	"\tmore_keys\x18\x0e \x03(\fR\bmoreKeys\x12\x1f\n" +
 	"\vmore_values\x18\x0f \x03(\fR\n" +
-	"moreValues\"\x95\x01\n" +
+	"moreValues\"\xa2\x01\n" +
 	"\x04Kind\x12\a\n" +
 	"\x03PUT\x10\x00\x12\n" +
 	"\n" +
@@ -1495,7 +1501,8 @@ const file_kv_proto_rawDesc = "" +
 	"\x06RENAME\x10\t\x12\b\n" +
 	"\x04COPY\x10\n" +
 	"\x12\v\n" +
-	"\aMSET_NX\x10\v\"c\n" +
+	"\aMSET_NX\x10\v\x12\v\n" +
+	"\aSET_BIT\x10\f\"c\n" +
 	"\x04Cond\x12\n" +
 	"\n" +
 	"\x06ALWAYS\x10\x00\x12\r\n" +
