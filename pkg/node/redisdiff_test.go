@@ -144,6 +144,15 @@ var diffAllow = map[string]diffRule{
 			return ""
 		},
 	},
+	"RANDOMKEY": {
+		reason: "a key picked at random from different stores: both must be a key (a bulk string) or both nil",
+		compare: func(_ []string, a, b respValue) string {
+			if a.kind != b.kind || a.null != b.null {
+				return "want the same kind of reply"
+			}
+			return ""
+		},
+	},
 	"TIME": {
 		reason: "two clocks read a few milliseconds apart: both must be [seconds, microseconds] within 2 s of each other",
 		compare: func(_ []string, a, b respValue) string {

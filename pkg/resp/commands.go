@@ -148,6 +148,14 @@ func commandTable() map[string]*command {
 			keyFlags: []string{"RW", "access", "delete"}, destFlags: []string{"OW", "insert"}, run: cmdRename},
 		{name: "copy", arity: -3, flags: fWriteD, first: 1, last: 2, step: 1, acl: []string{"@keyspace", "@write", "@slow"},
 			keyFlags: []string{"RO", "access"}, destFlags: []string{"OW", "update"}, run: cmdCopy},
+		none("randomkey", 1, []string{"readonly", "touches_arbitrary_keys"}, []string{"@keyspace", "@read", "@slow"}, []string{"request_policy:all_shards", "nondeterministic_output"}, cmdRandomKey),
+		{name: "object", arity: -2, acl: aSlow, subs: []*command{
+			{name: "object|encoding", arity: 3, flags: []string{"readonly"}, first: 2, last: 2, step: 1, acl: []string{"@keyspace", "@read", "@slow"}, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO"}, run: cmdObject},
+			{name: "object|refcount", arity: 3, flags: []string{"readonly"}, first: 2, last: 2, step: 1, acl: []string{"@keyspace", "@read", "@slow"}, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO"}, run: cmdObject},
+			{name: "object|freq", arity: 3, flags: []string{"readonly"}, first: 2, last: 2, step: 1, acl: []string{"@keyspace", "@read", "@slow"}, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO"}, run: cmdObject},
+			{name: "object|idletime", arity: 3, flags: []string{"readonly"}, first: 2, last: 2, step: 1, acl: []string{"@keyspace", "@read", "@slow"}, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO"}, run: cmdObject},
+			none("object|help", 2, []string{"loading", "stale"}, []string{"@keyspace", "@slow"}, nil, cmdHelp),
+		}},
 		none("keys", 2, []string{"readonly"}, []string{"@keyspace", "@read", "@slow", "@dangerous"}, []string{"request_policy:all_shards", "nondeterministic_output_order"}, cmdKeys),
 		none("scan", -2, []string{"readonly"}, []string{"@keyspace", "@read", "@slow"}, []string{"nondeterministic_output", "request_policy:special"}, cmdScan),
 		none("dbsize", 1, fRO, aKeyR, []string{"request_policy:all_shards", "response_policy:agg_sum"}, cmdDBSize),
@@ -446,7 +454,6 @@ func (c *conn) appendKeySpec(b []byte, flags []string, notes string, index, last
 	return b
 }
 
-
 func appendBulkList(b []byte, l []string) []byte {
 	b = redcon.AppendArray(b, len(l))
 	for _, s := range l {
@@ -576,6 +583,16 @@ func helpText(name string) []string {
 		"config": {
 			"CONFIG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
 			"GET <pattern>", "    Return parameters matching the glob-like <pattern> and their values.",
+			"HELP", "    Print this help.",
+		},
+		"object": {
+			"OBJECT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+			"ENCODING <key>", "    Return the kind of internal representation used in order to store the value",
+			"    associated with a <key>.",
+			"FREQ <key>", "    Return the access frequency index of the <key> (not tracked here).",
+			"IDLETIME <key>", "    Return the idle time of the <key> (not tracked here).",
+			"REFCOUNT <key>", "    Return the number of references of the value associated with the specified",
+			"    <key>.",
 			"HELP", "    Print this help.",
 		},
 		"function": {

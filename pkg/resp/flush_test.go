@@ -32,7 +32,16 @@ func (e *env) testFlush(t *testing.T) {
 	if got, ok := c.do("dbsize").(int64); !ok || got < n {
 		t.Fatalf("DBSIZE before FLUSHALL: %v, want at least %d (the follower's refusal deleted none)", got, n)
 	}
+	// RANDOMKEY: a key the group holds, until it holds none.
+	for range 5 {
+		k, ok := c.do("randomkey").(string)
+		if !ok || e.owner(k) != gA {
+			t.Fatalf("RANDOMKEY: %v, want a key of group A", k)
+		}
+		expect(t, c.do("exists", k), int64(1), "RANDOMKEY's key ", k)
+	}
 	expect(t, c.do("flushall"), status("OK"))
+	expect(t, c.do("randomkey"), nil, "RANDOMKEY on an empty group")
 	expect(t, c.do("dbsize"), int64(0), "keys of group A after FLUSHALL")
 	expect(t, e.do("get", e.keyIn(gA, "flush0:")), nil)
 	expect(t, e.do("get", kB), "stays", "group B's key")

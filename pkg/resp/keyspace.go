@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"github.com/tidwall/redcon"
 )
@@ -128,4 +129,54 @@ func cmdTime(_ *conn, p *pipeline, _ [][]byte, _ int) {
 	b = redcon.AppendBulkString(b, fmt.Sprint(now.Unix()))
 	b = redcon.AppendBulkString(b, fmt.Sprint(now.Nanosecond()/1000))
 	p.reply(b)
+}
+
+// cmdRandomKey: RANDOMKEY, a live key of the replica asked (nil if it has
+// none), as SCAN and KEYS from its own state.
+func cmdRandomKey(c *conn, p *pipeline, _ [][]byte, _ int) {
+	p.barrier()
+	k, err := c.s.b.RandomKey()
+	switch {
+	case err != nil:
+		p.reply(errReply("ERR " + err.Error()))
+	case k == nil:
+		p.reply(c.null())
+	default:
+		p.reply(redcon.AppendBulk(nil, k))
+	}
+}
+
+// cmdObject serves OBJECT ENCODING, REFCOUNT, FREQ and IDLETIME key. A
+// value is reported in the encoding Redis would give it (int, embstr or
+// raw); nothing is shared (REFCOUNT 1). Access is not tracked: FREQ
+// answers Redis's error for a server without an LFU policy (there is no
+// eviction), IDLETIME says so.
+func cmdObject(c *conn, p *pipeline, args [][]byte, slot int) {
+	sub := strings.ToLower(string(args[1]))
+	c.readKeys(p, slot, args[2:3], func(v []shardkv.ValueEntry) []byte {
+		if !v[0].Found {
+			return c.null()
+		}
+		switch sub {
+		case "encoding":
+			return redcon.AppendBulkString(nil, stringEncoding(v[0].Value))
+		case "refcount":
+			return redcon.AppendInt(nil, 1)
+		case "freq":
+			return errReply("ERR An LFU maxmemory policy is not selected, access frequency not tracked. Please note that when switching between policies at runtime LRU and LFU data will take some time to adjust.")
+		}
+		return errReply("ERR shardkv does not track when a key was last accessed")
+	})
+}
+
+// stringEncoding is the encoding Redis 7.0 gives a string value: int for
+// a canonical integer of up to 20 bytes, embstr up to 44 bytes, else raw.
+func stringEncoding(v []byte) string {
+	if _, ok := parseInt(v); ok {
+		return "int"
+	}
+	if len(v) <= 44 {
+		return "embstr"
+	}
+	return "raw"
 }

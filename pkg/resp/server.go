@@ -59,6 +59,8 @@ type Backend interface {
 	CountKeysInSlot(slot int) (int, error)
 	KeysInSlot(slot, count int) ([][]byte, error)
 	Scan(after []byte, count int, match func(key []byte) bool) (keys [][]byte, next []byte, err error)
+	// RandomKey is a live key picked at random (nil: none), local state.
+	RandomKey() ([]byte, error)
 	// RaftStatus is the replica's Raft status.
 	RaftStatus() *shardkvpb.MemberStatus
 	// MaxValueBytes and MaxKeyBytes are the group's size limits.

@@ -34,6 +34,7 @@ func (v *viewBackend) KeyCounts() (shardkv.KeyCounts, error) {
 
 func (v *viewBackend) CountKeysInSlot(int) (int, error)      { return 0, nil }
 func (v *viewBackend) KeysInSlot(int, int) ([][]byte, error) { return nil, nil }
+func (v *viewBackend) RandomKey() ([]byte, error)            { return nil, nil }
 func (v *viewBackend) Scan([]byte, int, func([]byte) bool) ([][]byte, []byte, error) {
 	return nil, nil, nil
 }

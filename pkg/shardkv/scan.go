@@ -2,7 +2,9 @@ package shardkv
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/shardkv/shardkv/pkg/routing"
@@ -169,4 +171,66 @@ func (g *Group) Scan(after []byte, count int, match func(key []byte) bool) (keys
 		return nil
 	})
 	return keys, next, err
+}
+
+// randomKeyExamined bounds the records RandomKey reads in one shard (dead
+// ones are skipped), so that a shard of tombstones costs no more than that.
+const randomKeyExamined = 1000
+
+// RandomKey returns a live key of a shard this replica serves, picked at
+// random, or nil if it finds none: the first live key at or after a random
+// position of a random shard (wrapping around), trying each served shard
+// in random order. Like Redis's, the pick is not uniform over keys. Local
+// state: any replica.
+func (g *Group) RandomKey() ([]byte, error) {
+	shards := g.sm.Shards()
+	var served []int
+	for s := range shards {
+		if serves(shards[s]) {
+			served = append(served, s)
+		}
+	}
+	rand.Shuffle(len(served), func(i, j int) { served[i], served[j] = served[j], served[i] })
+	var out []byte
+	err := g.sm.store.DB().View(func(txn *badger.Txn) error {
+		ns, err := logTime(txn)
+		if err != nil {
+			return err
+		}
+		now := ns / 1e6
+		for _, s := range served {
+			prefix := append(shardPrefix(s), tagData)
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+			from := binary.BigEndian.AppendUint64(bytes.Clone(prefix), rand.Uint64())
+			examined := 0
+			for pass := 0; pass < 2 && out == nil && examined < randomKeyExamined; pass++ {
+				if pass == 0 {
+					it.Seek(from)
+				} else {
+					it.Rewind()
+				}
+				for ; it.Valid() && examined < randomKeyExamined; it.Next() {
+					if pass == 1 && bytes.Compare(it.Item().Key(), from) >= 0 {
+						break
+					}
+					examined++
+					rec, err := itemHeader(it.Item())
+					if err != nil {
+						it.Close()
+						return err
+					}
+					if rec.live(now) {
+						out = it.Item().KeyCopy(nil)[len(prefix):]
+						break
+					}
+				}
+			}
+			it.Close()
+			if out != nil {
+				return nil
+			}
+		}
+		return nil
+	})
+	return out, err
 }
