@@ -148,6 +148,8 @@ func commandTable() map[string]*command {
 			keyFlags: []string{"RW", "access", "delete"}, destFlags: []string{"OW", "insert"}, run: cmdRename},
 		{name: "copy", arity: -3, flags: fWriteD, first: 1, last: 2, step: 1, acl: []string{"@keyspace", "@write", "@slow"},
 			keyFlags: []string{"RO", "access"}, destFlags: []string{"OW", "update"}, run: cmdCopy},
+		{name: "dump", arity: 2, flags: []string{"readonly"}, first: 1, last: 1, step: 1, acl: []string{"@keyspace", "@read", "@slow"}, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO", "access"}, run: cmdDump},
+		key1("restore", -4, fWriteD, []string{"@keyspace", "@write", "@slow", "@dangerous"}, []string{"OW", "update"}, cmdRestore),
 		none("randomkey", 1, []string{"readonly", "touches_arbitrary_keys"}, []string{"@keyspace", "@read", "@slow"}, []string{"request_policy:all_shards", "nondeterministic_output"}, cmdRandomKey),
 		{name: "object", arity: -2, acl: aSlow, subs: []*command{
 			{name: "object|encoding", arity: 3, flags: []string{"readonly"}, first: 2, last: 2, step: 1, acl: []string{"@keyspace", "@read", "@slow"}, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO"}, run: cmdObject},
