@@ -70,7 +70,8 @@ func appendRDBLen(b []byte, n uint64) []byte {
 
 var (
 	errDumpFooter = errors.New("DUMP payload version or checksum are wrong")
-	errBadFormat  = errors.New("Bad data format")
+	//lint:ignore ST1005 Redis's own reply text, sent as is
+	errBadFormat = errors.New("Bad data format")
 )
 
 // restoreString decodes a DUMP payload of a string (at most limit bytes).
