@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // testFlush: FLUSHALL on a group's leader deletes that group's keys, in
@@ -46,4 +47,45 @@ func (e *env) testFlush(t *testing.T) {
 	expect(t, e.do("get", e.keyIn(gA, "flush0:")), nil)
 	expect(t, e.do("get", kB), "stays", "group B's key")
 	expect(t, c.do("flushall", "now"), rerr("ERR syntax error"))
+}
+
+// testRESP3: HELLO 3 switches a connection to RESP3 (nulls, maps,
+// verbatim strings) and HELLO 2 back; other connections stay on RESP2.
+func (e *env) testRESP3(t *testing.T) {
+	c := dial(t, e.leaderAddr(gA))
+	defer c.c.Close()
+	k := e.keyIn(gA, "resp3:")
+	c.write(encode("hello", "3"))
+	line, err := c.r.ReadString('\n')
+	if err != nil || line != "%7\r\n" {
+		t.Fatalf("HELLO 3 reply starts %q (%v), want a map of 7", line, err)
+	}
+	for range 14 {
+		if _, err := c.tryRead(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		cmd  []string
+		kind byte
+	}{{[]string{"get", k}, '_'}, {[]string{"config", "get", "maxclients"}, '%'}, {[]string{"info", "server"}, '='}} {
+		c.write(encode(tc.cmd...))
+		_ = c.c.SetReadDeadline(time.Now().Add(2 * slow))
+		first, err := c.r.Peek(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first[0] != tc.kind {
+			t.Errorf("%v in RESP3: reply type %q, want %q", tc.cmd, first[0], tc.kind)
+		}
+		if _, err := c.tryRead(); err != nil {
+			t.Fatalf("%v: %v", tc.cmd, err)
+		}
+	}
+	expect(t, e.do("get", k), nil, "another connection still on RESP2")
+	c.write(encode("hello", "2"))
+	line, err = c.r.ReadString('\n')
+	if err != nil || line != "*14\r\n" {
+		t.Fatalf("HELLO 2 reply starts %q (%v)", line, err)
+	}
 }

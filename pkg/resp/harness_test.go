@@ -299,10 +299,14 @@ func (c *rconn) tryRead() (any, error) {
 			return nil, err
 		}
 		return string(buf[:n]), nil
-	case '*':
+	case '*', '%', '~', '>':
+		// An array; RESP3's map (n pairs), set and push read as one.
 		n, err := strconv.Atoi(body)
 		if err != nil || n < 0 {
 			return nil, err
+		}
+		if line[0] == '%' {
+			n *= 2
 		}
 		out := make([]any, n)
 		for i := range out {
@@ -310,10 +314,32 @@ func (c *rconn) tryRead() (any, error) {
 				return nil, err
 			}
 		}
+		if line[0] == '%' {
+			return resp3Map(out), nil
+		}
 		return out, nil
+	case '=': // RESP3 verbatim string: "txt:" and the text
+		n, err := strconv.Atoi(body)
+		if err != nil || n < 4 {
+			return nil, fmt.Errorf("bad verbatim length %q", line)
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(c.r, buf); err != nil {
+			return nil, err
+		}
+		return string(buf[4:n]), nil
+	case '_':
+		return nil, nil
+	case ',', '(':
+		return body, nil
+	case '#':
+		return body == "t", nil
 	}
 	return nil, fmt.Errorf("bad reply type %q", line)
 }
+
+// resp3Map is a RESP3 map reply: its keys and values in turn.
+type resp3Map []any
 
 // closed reports whether the server closed the connection (after any
 // pending replies).

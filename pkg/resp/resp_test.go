@@ -26,6 +26,7 @@ func TestRESP(t *testing.T) {
 	e.run(t, "ClusterClient", e.testClusterClient)
 	e.run(t, "Scan", e.testScan)
 	e.run(t, "Flush", e.testFlush)
+	e.run(t, "RESP3", e.testRESP3)
 	e.run(t, "Pipeline", e.testPipeline)
 	e.run(t, "Streaming", e.testStreaming)
 	e.run(t, "ReadsRideFullBatches", e.testReadsRideFullBatches)

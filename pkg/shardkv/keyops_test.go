@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dgraph-io/badger/v4"
 	"github.com/shardkv/shardkv/pkg/routing"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
@@ -164,5 +165,46 @@ func TestSetBit(t *testing.T) {
 	}
 	if r := h.write(op(B, "b", delta(int64(MaxValueBytesLimit)*8), bit(1))); r.Result.Error != errValueTooLarge || h.get("b") != "\x00\x00" {
 		t.Fatalf("past the value limit: %v", r.Result)
+	}
+}
+
+// TestPutAlreadyExpired: a PUT whose expiry is already past leaves no
+// value record behind (a tombstone over a value), so DBSIZE and scans of
+// live keys agree at once.
+func TestPutAlreadyExpired(t *testing.T) {
+	h := newSMHarness(t)
+	now := h.now.UnixMilli()
+	values := func() int { // what DBSIZE counts: records that are not tombstones
+		t.Helper()
+		n := 0
+		err := h.sm.store.DB().View(func(txn *badger.Txn) error {
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte{'d'}})
+			defer it.Close()
+			for it.Rewind(); it.Valid(); it.Next() {
+				if k := it.Item().Key(); len(k) < 4 || k[3] != tagData {
+					continue
+				}
+				rec, err := itemHeader(it.Item())
+				if err != nil {
+					return err
+				}
+				if !rec.Tombstone {
+					n++
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if r := h.write(op(shardkvpb.WriteOp_PUT, "gone", val("v"), exp(now-1))); !r.Result.Ok || values() != 0 || h.entry("gone").Found {
+		t.Fatalf("PUT with a past expiry: %v, %d value records", r.Result, values())
+	}
+	h.write(op(shardkvpb.WriteOp_PUT, "gone", val("v")))
+	h.write(op(shardkvpb.WriteOp_PUT, "gone", val("w"), exp(now)))
+	if n := values(); n != 0 || h.entry("gone").Found {
+		t.Fatalf("a PUT already expired over a value left %d value records", n)
 	}
 }

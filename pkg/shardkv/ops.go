@@ -46,6 +46,16 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, maxV
 			exp = oldExpiry
 		}
 		res.Ok = true
+		if exp != 0 && exp <= nowMs {
+			// Expired as it is written (SET ... PXAT in the past, RESTORE
+			// ... ABSTTL): the key is gone at once, as EXPIRE makes it,
+			// rather than left for the expiry sweep, which DBSIZE counts
+			// and FLUSHALL's scan of live keys misses meanwhile.
+			if old != nil && !old.Tombstone {
+				return &record{Tombstone: true}, nil
+			}
+			return nil, nil
+		}
 		return &record{Value: op.Value, ExpireAtMs: exp}, nil
 	case shardkvpb.WriteOp_APPEND:
 		var prev []byte
