@@ -76,17 +76,8 @@ func bitRange(n int64, start, end int64, endGiven, isBit bool) (lo, hi int64, ok
 	if !endGiven {
 		end = total - 1
 	}
-	if start < 0 {
-		start += total
-	}
-	if end < 0 {
-		end += total
-	}
-	start, end = max(start, 0), max(end, 0)
-	if end >= total {
-		end = total - 1
-	}
-	if start > end {
+	start, end, ok = clipRange(start, end, total)
+	if !ok {
 		return 0, 0, false
 	}
 	if isBit {

@@ -101,10 +101,20 @@ func cmdGetRange(c *conn, p *pipeline, args [][]byte, slot int) {
 
 // valueRange is value[start..end] with Redis's index rules.
 func valueRange(value []byte, start, end int64) []byte {
-	n := int64(len(value))
 	if start < 0 && end < 0 && start > end {
 		return nil
 	}
+	lo, hi, ok := clipRange(start, end, int64(len(value)))
+	if !ok {
+		return nil
+	}
+	return value[lo : hi+1]
+}
+
+// clipRange applies Redis's index rules to start..end (inclusive) of n
+// elements: a negative index counts from the end, then both are clipped to
+// the elements; ok is false when nothing is left.
+func clipRange(start, end, n int64) (lo, hi int64, ok bool) {
 	if start < 0 {
 		start += n
 	}
@@ -115,10 +125,7 @@ func valueRange(value []byte, start, end int64) []byte {
 	if end >= n {
 		end = n - 1
 	}
-	if start > end || n == 0 {
-		return nil
-	}
-	return value[start : end+1]
+	return start, end, start <= end
 }
 
 // cmdSetRange: SETRANGE key offset value. An offset whose result would
