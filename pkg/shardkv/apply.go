@@ -395,11 +395,8 @@ func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 		return a.msetNX(s, op)
 	}
 	old, err := a.get(dataKey(s, op.Key))
-	if errors.Is(err, errBadRecord) {
-		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrBadRecord}, nil
-	}
 	if err != nil {
-		return nil, err
+		return readFailed(err)
 	}
 	nowMs := a.nowNS / 1e6
 	oldLive := old != nil && old.live(nowMs)
@@ -434,23 +431,41 @@ func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 // mutatePair runs RENAME or COPY, which read the records of two keys of
 // shard s and may write both.
 func (a *applyCtx) mutatePair(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, error) {
-	if routing.ShardOf(op.Dest, len(a.config.Shards)) != s {
-		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrCrossShard}, nil
-	}
-	if len(dataKey(s, op.Dest)) > badgerMaxKey {
-		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrKeyTooLarge}, nil
+	if e := a.otherKeyError(s, op.Dest); e != "" {
+		return &shardkvpb.WriteResult{Error: e}, nil
 	}
 	src, err := a.get(dataKey(s, op.Key))
-	if err == nil {
-		var dst *record
-		if dst, err = a.get(dataKey(s, op.Dest)); err == nil {
-			return a.putPair(s, op, src, dst)
-		}
+	if err != nil {
+		return readFailed(err)
 	}
+	dst, err := a.get(dataKey(s, op.Dest))
+	if err != nil {
+		return readFailed(err)
+	}
+	return a.putPair(s, op, src, dst)
+}
+
+// readFailed is the outcome of an op whose record could not be read: a
+// record that does not decode is the op's result (BAD_RECORD: every
+// replica reads the same bytes), anything else a storage fault.
+func readFailed(err error) (*shardkvpb.WriteResult, error) {
 	if errors.Is(err, errBadRecord) {
 		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrBadRecord}, nil
 	}
 	return nil, err
+}
+
+// otherKeyError checks a second key of an op on shard s (RENAME's and
+// COPY's destination, MSETNX's other keys): "" if it is in s and fits
+// storage, else the op's error.
+func (a *applyCtx) otherKeyError(s int, key []byte) string {
+	switch {
+	case routing.ShardOf(key, len(a.config.Shards)) != s:
+		return shardkvpb.OpErrCrossShard
+	case len(dataKey(s, key)) > badgerMaxKey:
+		return shardkvpb.OpErrKeyTooLarge
+	}
+	return ""
 }
 
 func (a *applyCtx) putPair(s int, op *shardkvpb.WriteOp, src, dst *record) (*shardkvpb.WriteResult, error) {
@@ -486,20 +501,15 @@ func (a *applyCtx) msetNX(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 	olds := make([]*record, len(keys))
 	nowMs := a.nowNS / 1e6
 	for i, k := range keys {
-		switch {
-		case len(vals[i]) > a.maxValue:
+		if len(vals[i]) > a.maxValue {
 			return &shardkvpb.WriteResult{Error: errValueTooLarge}, nil
-		case routing.ShardOf(k, len(a.config.Shards)) != s:
-			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrCrossShard}, nil
-		case len(dataKey(s, k)) > badgerMaxKey:
-			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrKeyTooLarge}, nil
+		}
+		if e := a.otherKeyError(s, k); e != "" {
+			return &shardkvpb.WriteResult{Error: e}, nil
 		}
 		old, err := a.get(dataKey(s, k))
-		if errors.Is(err, errBadRecord) {
-			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrBadRecord}, nil
-		}
 		if err != nil {
-			return nil, err
+			return readFailed(err)
 		}
 		if old != nil && old.live(nowMs) {
 			return &shardkvpb.WriteResult{}, nil

@@ -115,6 +115,16 @@ func (b *budget) add(key, value int) {
 	b.bytes += recordCost(key, value)
 }
 
+// addKey adds what writing a key of k bytes with a value of v bytes may
+// cost: the record, its tombstone index entry (set or deleted), the delete
+// of its old expiry index entry and a change index entry (a planned move).
+func (b *budget) addKey(k, v int) {
+	b.add(4+k, recordHeader+v)
+	b.add(3+k, 0)
+	b.add(11+k, 0)
+	b.add(11+k, 0)
+}
+
 func (b budget) fits() bool { return b.records <= EntryMaxRecords && b.bytes <= EntryMaxBytes }
 
 // worstCase is the most a write command's ops may write at apply. apply
@@ -147,22 +157,14 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 		case shardkvpb.WriteOp_MSET_NX:
 			v = len(op.Value)
 			for i, mk := range op.MoreKeys {
-				d := len(mk)
-				b.add(4+d, recordHeader+len(op.MoreValues[i]))
-				b.add(3+d, 0)
-				b.add(11+d, 0)
-				b.add(11+d, 0)
+				b.addKey(len(mk), len(op.MoreValues[i]))
 			}
 		case shardkvpb.WriteOp_RENAME, shardkvpb.WriteOp_COPY:
 			// The source keeps its value or becomes a tombstone; the
 			// destination takes a value of up to maxValue and the
 			// source's expiry.
-			d := len(op.Dest)
-			b.add(4+d, recordHeader+maxValue)
-			b.add(3+d, 0)
-			b.add(11+d, 0)
-			b.add(11+d, 0)
-			b.add(11+d, 0)
+			b.addKey(len(op.Dest), maxValue)
+			b.add(11+len(op.Dest), 0) // its new expiry index entry
 		case shardkvpb.WriteOp_INCR:
 			v = 20
 		case shardkvpb.WriteOp_INCR_FLOAT:
@@ -183,11 +185,7 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 		}
 	}
 	for _, ks := range order {
-		k := len(ks)
-		b.add(4+k, recordHeader+largest[ks]) // the record
-		b.add(3+k, 0)                        // tombstone index, set or deleted
-		b.add(11+k, 0)                       // old expiry index entry deleted
-		b.add(11+k, 0)                       // change index entry (a planned move)
+		b.addKey(len(ks), largest[ks])
 	}
 	// Each session: its record (the entry's sessions share
 	// EntrySessionBytes, see flushSessions) and two expiry index entries.

@@ -173,11 +173,7 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, maxV
 // nothing and answers the current length, as Redis does; so does a refusal
 // (a negative offset, or a result over maxValue).
 func setRange(op *shardkvpb.WriteOp, old *record, oldLive bool, maxValue int, res *shardkvpb.WriteResult) *record {
-	var cur []byte
-	var exp int64
-	if oldLive {
-		cur, exp = old.Value, old.ExpireAtMs
-	}
+	cur, exp := liveValue(old, oldLive)
 	switch {
 	case op.Delta < 0:
 		res.Error = errOffset
@@ -189,11 +185,26 @@ func setRange(op *shardkvpb.WriteOp, old *record, oldLive bool, maxValue int, re
 		res.Error = errValueTooLarge
 		return nil
 	}
-	end := int(op.Delta) + len(op.Value)
-	framed := make([]byte, recordHeader+max(len(cur), end))
+	next := grown(cur, int(op.Delta)+len(op.Value), exp)
+	copy(next.Value[op.Delta:], op.Value)
+	res.Ok, res.Num = true, int64(len(next.Value))
+	return next
+}
+
+// liveValue is the value and expiry an op builds on: none if the key is
+// not live.
+func liveValue(old *record, oldLive bool) ([]byte, int64) {
+	if !oldLive {
+		return nil, 0
+	}
+	return old.Value, old.ExpireAtMs
+}
+
+// grown is a record holding cur zero-padded to at least n bytes, with
+// expiry exp, built in the buffer it is encoded in (record.framed).
+func grown(cur []byte, n int, exp int64) *record {
+	framed := make([]byte, recordHeader+max(len(cur), n))
 	copy(framed[recordHeader:], cur)
-	copy(framed[recordHeader+int(op.Delta):], op.Value)
-	res.Ok, res.Num = true, int64(len(framed)-recordHeader)
 	return &record{Value: framed[recordHeader:], ExpireAtMs: exp, framed: framed}
 }
 
@@ -201,11 +212,7 @@ func setRange(op *shardkvpb.WriteOp, old *record, oldLive bool, maxValue int, re
 // zero bytes filling any gap; refused for an offset that is negative or
 // whose byte is past maxValue, or a value other than 0 or 1.
 func setBit(op *shardkvpb.WriteOp, old *record, oldLive bool, maxValue int, res *shardkvpb.WriteResult) *record {
-	var cur []byte
-	var exp int64
-	if oldLive {
-		cur, exp = old.Value, old.ExpireAtMs
-	}
+	cur, exp := liveValue(old, oldLive)
 	switch {
 	case op.Delta < 0 || len(op.Value) != 1 || op.Value[0] > 1:
 		res.Error = errOffset
@@ -215,9 +222,8 @@ func setBit(op *shardkvpb.WriteOp, old *record, oldLive bool, maxValue int, res 
 		return nil
 	}
 	i, mask := int(op.Delta>>3), byte(0x80)>>(op.Delta&7)
-	framed := make([]byte, recordHeader+max(len(cur), i+1))
-	copy(framed[recordHeader:], cur)
-	v := framed[recordHeader:]
+	next := grown(cur, i+1, exp)
+	v := next.Value
 	res.Ok = true
 	if v[i]&mask != 0 {
 		res.Num = 1
@@ -227,7 +233,7 @@ func setBit(op *shardkvpb.WriteOp, old *record, oldLive bool, maxValue int, res 
 	} else {
 		v[i] &^= mask
 	}
-	return &record{Value: v, ExpireAtMs: exp, framed: framed}
+	return next
 }
 
 // applyPair computes what RENAME and COPY leave behind: the records of the
