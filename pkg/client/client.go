@@ -257,6 +257,9 @@ func (c *Client) Get(ctx context.Context, key string) (string, bool, error) {
 	if err != nil {
 		return "", false, err
 	}
+	if rep.Found && rep.Type != 0 {
+		return "", false, fmt.Errorf("key %q: %w", key, ErrWrongType)
+	}
 	return string(rep.Value), rep.Found, nil
 }
 

@@ -40,6 +40,11 @@ type OpError struct {
 	Code string
 }
 
+// Is makes a WRONGTYPE refusal match ErrWrongType.
+func (e *OpError) Is(target error) bool {
+	return target == ErrWrongType && e.Code == shardkvpb.OpErrWrongType
+}
+
 func (e *OpError) Error() string {
 	return fmt.Sprintf("key %q: the write was refused: %s", e.Key, e.Code)
 }

@@ -62,8 +62,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -80,6 +82,14 @@ const (
 	Get    Kind = "get"
 	Put    Kind = "put"
 	Append Kind = "append"
+	// Hash operations: the key is a hash (a map of fields), initially
+	// empty. hset sets Field to Value, hdel removes Field, hget reads
+	// Field ("" if absent), hgetall reads the whole hash, its Output
+	// encoded with EncodeHash. A key is either a register or a hash.
+	HSet    Kind = "hset"
+	HDel    Kind = "hdel"
+	HGet    Kind = "hget"
+	HGetAll Kind = "hgetall"
 )
 
 // Op is one recorded operation.
@@ -87,6 +97,7 @@ type Op struct {
 	Client int    `json:"client"` // the client that issued it (a client issues one operation at a time)
 	Kind   Kind   `json:"kind"`
 	Key    string `json:"key"`
+	Field  string `json:"field,omitempty"`  // hash operations but hgetall
 	Value  string `json:"value,omitempty"`  // put and append: the value written
 	Output string `json:"output,omitempty"` // get: the value read ("" if the key does not exist)
 	// Call and Return are unix nanoseconds (see the package comment).
@@ -101,12 +112,14 @@ type Op struct {
 }
 
 // IsWrite reports whether o is a put or an append.
-func (o Op) IsWrite() bool { return o.Kind == Put || o.Kind == Append }
+func (o Op) IsWrite() bool { return !o.Kind.read() }
+
+func (k Kind) read() bool { return k == Get || k == HGet || k == HGetAll }
 
 func (o Op) String() string {
 	var s string
-	if o.Kind == Get {
-		s = fmt.Sprintf("get(%s) -> %q", o.Key, o.Output)
+	if o.Kind.read() {
+		s = fmt.Sprintf("%s(%s%s) -> %q", o.Kind, o.Key, fieldArg(o.Kind, o.Field), o.Output)
 	} else {
 		s = fmt.Sprintf("%s(%s, %q)", o.Kind, o.Key, o.Value)
 	}
@@ -199,11 +212,19 @@ func (r *Recorder) Start(client int, kind Kind, key, value string) Pending {
 	return Pending{r: r, op: Op{Client: client, Kind: kind, Key: key, Value: value, Call: r.Now()}}
 }
 
+// StartField records the call of a hash operation on one field (hset,
+// hdel, hget).
+func (r *Recorder) StartField(client int, kind Kind, key, field, value string) Pending {
+	p := r.Start(client, kind, key, value)
+	p.op.Field = field
+	return p
+}
+
 // Ok records that the operation succeeded; output is the value a get read
 // (ignored for writes).
 func (p Pending) Ok(output string) {
 	p.op.Return = p.r.Now()
-	if p.op.Kind == Get {
+	if p.op.Kind.read() {
 		p.op.Output = output
 		p.r.okGets.Add(1)
 	} else {
@@ -222,7 +243,7 @@ func (p Pending) Fail(err error) {
 		err = errors.New("failed")
 	}
 	p.op.Error = err.Error()
-	if p.op.Kind == Get {
+	if p.op.Kind.read() {
 		p.r.failedGets.Add(1)
 	} else {
 		p.r.unknown.Add(1)
@@ -332,13 +353,56 @@ func (r Result) VisualizePath(path string, notes ...Note) error {
 }
 
 type input struct {
-	kind       Kind
-	key, value string
+	kind              Kind
+	key, field, value string
 }
 
 type output struct {
 	value   string
 	unknown bool
+}
+
+// fieldArg is ", field" for an operation on one field of a hash.
+func fieldArg(k Kind, field string) string {
+	if k == HGet || k == HSet || k == HDel {
+		return fmt.Sprintf(", %q", field)
+	}
+	return ""
+}
+
+// EncodeHash is the canonical form of a hash, as an hgetall's Output and
+// the model's state: its fields in order, each "field=value" with both
+// quoted, joined by spaces ("" for an empty hash).
+func EncodeHash(h map[string]string) string {
+	var b strings.Builder
+	for _, f := range slices.Sorted(maps.Keys(h)) {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%q=%q", f, h[f])
+	}
+	return b.String()
+}
+
+func decodeHash(s string) map[string]string {
+	h := map[string]string{}
+	for s != "" {
+		f, rest, _ := cutQuoted(s)
+		v, rest2, _ := cutQuoted(strings.TrimPrefix(rest, "="))
+		h[f] = v
+		s = strings.TrimPrefix(rest2, " ")
+	}
+	return h
+}
+
+// cutQuoted splits a Go-quoted string off the front of s.
+func cutQuoted(s string) (string, string, bool) {
+	q, err := strconv.QuotedPrefix(s)
+	if err != nil {
+		return "", "", false
+	}
+	v, _ := strconv.Unquote(q)
+	return v, s[len(q):], true
 }
 
 // model is the register model, partitioned by key in keys' order.
@@ -366,9 +430,21 @@ func model(keys []string) porcupine.Model {
 				return !o.unknown && o.value == st, st
 			case Put:
 				return true, i.value
-			default:
+			case Append:
 				return true, st + i.value
+			case HGetAll:
+				return !o.unknown && o.value == st, st
 			}
+			h := decodeHash(st)
+			switch i.kind {
+			case HGet:
+				return !o.unknown && o.value == h[i.field], st
+			case HSet:
+				h[i.field] = i.value
+			case HDel:
+				delete(h, i.field)
+			}
+			return true, EncodeHash(h)
 		},
 		Equal: func(a, b any) bool { return a.(string) == b.(string) },
 		Hash: func(s any) uint64 {
@@ -378,8 +454,11 @@ func model(keys []string) porcupine.Model {
 		},
 		DescribeOperation: func(in, out any) string {
 			i, o := in.(input), out.(output)
-			if i.kind == Get {
-				return fmt.Sprintf("get(%s) -> %q", i.key, o.value)
+			if i.kind.read() {
+				return fmt.Sprintf("%s(%s%s) -> %q", i.kind, i.key, fieldArg(i.kind, i.field), o.value)
+			}
+			if i.kind == HSet || i.kind == HDel {
+				i.key += ", " + i.field
 			}
 			res := "ok"
 			if o.unknown {
@@ -409,7 +488,7 @@ func Check(ops []Op, timeout time.Duration) (Result, error) {
 	keySet := map[string]bool{}
 	for i, o := range ops {
 		switch o.Kind {
-		case Get, Put, Append:
+		case Get, Put, Append, HSet, HDel, HGet, HGetAll:
 		default:
 			return res, fmt.Errorf("kvcheck: op %d: unknown kind %q", i, o.Kind)
 		}
@@ -420,7 +499,7 @@ func Check(ops []Op, timeout time.Duration) (Result, error) {
 		ret := o.Return
 		meta := fmt.Sprintf("client %d", o.Client)
 		switch {
-		case o.Unknown && o.Kind == Get:
+		case o.Unknown && o.Kind.read():
 			res.FailedGets++ // no effect: left out
 			continue
 		case o.Unknown:
@@ -429,7 +508,7 @@ func Check(ops []Op, timeout time.Duration) (Result, error) {
 			res.Unknown++
 			ret = math.MaxInt64
 			meta += "; outcome unknown: " + o.Error
-		case o.Kind == Get:
+		case o.Kind.read():
 			res.OK++
 			res.OKGets++
 		default:
@@ -437,7 +516,7 @@ func Check(ops []Op, timeout time.Duration) (Result, error) {
 			res.OKWrites++
 		}
 		keySet[o.Key] = true
-		pops = append(pops, porcupine.Operation{ClientId: o.Client, Input: input{kind: o.Kind, key: o.Key, value: o.Value},
+		pops = append(pops, porcupine.Operation{ClientId: o.Client, Input: input{kind: o.Kind, key: o.Key, field: o.Field, value: o.Value},
 			Call: o.Call, Output: out, Return: ret, Metadata: meta})
 	}
 	res.keys = make([]string, 0, len(keySet))

@@ -218,3 +218,53 @@ func TestRecorder(t *testing.T) {
 		t.Fatalf("after a failed get: %+v", st)
 	}
 }
+
+func hop(c int, kind kvcheck.Kind, key, field, v string, call, ret int64) kvcheck.Op {
+	o := kvcheck.Op{Client: c, Kind: kind, Key: key, Field: field, Call: call, Return: ret}
+	if kind == kvcheck.HGet || kind == kvcheck.HGetAll {
+		o.Output = v
+	} else {
+		o.Value = v
+	}
+	return o
+}
+
+// TestHashModel: the hash model accepts a history whose hgetall sees
+// every completed hset and hdel, and rejects one whose hgetall misses a
+// field set before it, or sees two concurrent writers' fields in an order
+// no sequence gives.
+func TestHashModel(t *testing.T) {
+	all := func(kv ...string) string {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return kvcheck.EncodeHash(m)
+	}
+	ok := []kvcheck.Op{
+		hop(1, kvcheck.HSet, "h", "a", "1", 0, 10),
+		hop(2, kvcheck.HSet, "h", "b", "2", 5, 15),
+		hop(1, kvcheck.HGetAll, "h", "", all("a", "1", "b", "2"), 20, 30),
+		hop(2, kvcheck.HDel, "h", "a", "", 31, 40),
+		hop(1, kvcheck.HGet, "h", "a", "", 41, 50),
+		hop(1, kvcheck.HGetAll, "h", "", all("b", "2"), 51, 60),
+	}
+	if res := check(t, ok); !res.Linearizable {
+		t.Fatalf("a linearizable hash history was refused: %v", res)
+	}
+	stale := slices.Clone(ok)
+	stale[2] = hop(1, kvcheck.HGetAll, "h", "", all("b", "2"), 20, 30) // a's hset had returned
+	if res := check(t, stale); res.Linearizable || !slices.Equal(res.IllegalKeys, []string{"h"}) {
+		t.Fatalf("a read missing a completed hset passed: %v", res)
+	}
+	// Two readers see a and b appear in opposite orders.
+	split := []kvcheck.Op{
+		hop(1, kvcheck.HSet, "h", "a", "1", 0, 100),
+		hop(2, kvcheck.HSet, "h", "b", "2", 0, 100),
+		hop(3, kvcheck.HGetAll, "h", "", all("a", "1"), 10, 20),
+		hop(4, kvcheck.HGetAll, "h", "", all("b", "2"), 30, 40),
+	}
+	if res := check(t, split); res.Linearizable {
+		t.Fatalf("reads seeing fields appear in two orders passed: %v", res)
+	}
+}

@@ -256,6 +256,8 @@ func (a *applyCtx) apply(cmd *shardkvpb.GroupCommand) (any, error) {
 		return a.expire()
 	case cmd.ExpireKeys:
 		return a.expireKeys()
+	case cmd.CollectDead:
+		return a.collectDead()
 	}
 	return errors.New("empty command"), nil
 }
@@ -393,6 +395,8 @@ func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 		return a.mutatePair(s, op)
 	case shardkvpb.WriteOp_MSET_NX:
 		return a.msetNX(s, op)
+	case shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT:
+		return a.mutateHash(s, op)
 	}
 	old, err := a.get(dataKey(s, op.Key))
 	if err != nil {
@@ -400,6 +404,14 @@ func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 	}
 	nowMs := a.nowNS / 1e6
 	oldLive := old != nil && old.live(nowMs)
+	if oldLive && old.Type != TypeString {
+		switch {
+		case op.Kind == shardkvpb.WriteOp_READ:
+			return &shardkvpb.WriteResult{PrevFound: true, PrevType: uint32(old.Type)}, nil
+		case op.ReturnPrev || stringOnly(op.Kind):
+			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrWrongType}, nil
+		}
+	}
 	if op.ReturnPrev && oldLive {
 		if a.returned+len(old.Value) > EntryMaxResultBytes {
 			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrResultTooLarge}, nil
@@ -426,6 +438,18 @@ func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 		res.Prev, res.PrevFound = old.Value, true
 	}
 	return res, nil
+}
+
+// stringOnly reports whether op kind works on strings only: any other
+// type fails WRONGTYPE. The rest (PUT, DELETE, EXPIRE, PERSIST) take any
+// type, unless they return the previous value (GETSET, GETDEL, GETEX).
+func stringOnly(k shardkvpb.WriteOp_Kind) bool {
+	switch k {
+	case shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_CAS, shardkvpb.WriteOp_INCR, shardkvpb.WriteOp_INCR_FLOAT,
+		shardkvpb.WriteOp_SET_RANGE, shardkvpb.WriteOp_SET_BIT:
+		return true
+	}
+	return false
 }
 
 // mutatePair runs RENAME or COPY, which read the records of two keys of
@@ -477,6 +501,11 @@ func (a *applyCtx) putPair(s int, op *shardkvpb.WriteOp, src, dst *record) (*sha
 	}
 	if nextDst != nil && nextDst.ExpireAtMs != 0 && len(expiresKey(0, s, op.Dest)) > badgerMaxKey {
 		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrKeyTooLarge}, nil
+	}
+	if nextDst != nil && nextDst.Type.collection() {
+		if e, err := a.copyElems(s, op.Key, src, op.Dest, dst, nextDst); err != nil || e != "" {
+			return &shardkvpb.WriteResult{Error: e}, err
+		}
 	}
 	for _, w := range []struct {
 		key       []byte

@@ -125,6 +125,13 @@ func (b *budget) addKey(k, v int) {
 	b.add(11+k, 0)
 }
 
+// addElem adds what writing an element of a key of k bytes may cost: the
+// element (field f, value v) and its change index entry.
+func (b *budget) addElem(k, f, v int) {
+	b.add(4+2+k+8+f, 1+v)
+	b.add(4+6+1+2+k+8+f, 0)
+}
+
 func (b budget) fits() bool { return b.records <= EntryMaxRecords && b.bytes <= EntryMaxBytes }
 
 // worstCase is the most a write command's ops may write at apply. apply
@@ -169,7 +176,24 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 			v = 20
 		case shardkvpb.WriteOp_INCR_FLOAT:
 			v = maxFloatValue
+		case shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT:
+			// The fields, and the record's metadata (below).
+			v = collMetaLen
+			for i, f := range op.Fields {
+				fv := 0
+				switch op.Kind {
+				case shardkvpb.WriteOp_HSET:
+					fv = len(op.FieldValues[i])
+				case shardkvpb.WriteOp_HINCR:
+					fv = 20
+				case shardkvpb.WriteOp_HINCR_FLOAT:
+					fv = maxFloatValue
+				}
+				b.addElem(k, len(f), fv)
+			}
 		}
+		// Any op may replace a collection: its dead version's mark.
+		b.add(13+k, 1)
 		ks := string(op.Key)
 		if prev, ok := largest[ks]; !ok {
 			order = append(order, ks)

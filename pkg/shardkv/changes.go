@@ -68,22 +68,30 @@ func (sm *StateMachine) StreamChanges(s int, cursor []byte, sessionsSince int64,
 		size += n
 		return sent, nil
 	}
-	seen := map[string]bool{} // keys in the chunk being filled
+	seen := map[string]bool{} // records in the chunk being filled
+	live := liveVersions{txn: txn, s: s}
 	it := txn.NewIterator(badger.IteratorOptions{Prefix: changes})
 	for it.Seek(cursor); it.Valid(); it.Next() {
 		ck := it.Item().Key()
-		if len(ck) < changePrefixLen {
+		if len(ck) <= changePrefixLen {
 			continue
 		}
-		key := ck[changePrefixLen:]
-		if !seen[string(key)] {
-			dk := dataKey(s, key)
-			v, err := raftgroup.GetValue(txn, dk)
+		raw := changedRecord(s, ck)
+		if !seen[string(raw)] {
+			v, err := raftgroup.GetValue(txn, raw)
+			if err == nil && v != nil {
+				// An element of a dead version is no part of the shard:
+				// the copy deletes it if it has it.
+				var ok bool
+				if ok, err = live.holds(raw); !ok {
+					v = nil
+				}
+			}
 			if err != nil {
 				it.Close()
 				return err
 			}
-			sent, err := add(&shardkvpb.KeyValue{Key: dk, Record: v})
+			sent, err := add(&shardkvpb.KeyValue{Key: raw, Record: v})
 			if err != nil {
 				it.Close()
 				return err
@@ -91,7 +99,7 @@ func (sm *StateMachine) StreamChanges(s int, cursor []byte, sessionsSince int64,
 			if sent {
 				clear(seen)
 			}
-			seen[string(key)] = true
+			seen[string(raw)] = true
 		}
 		chunk.NextCursor = append(bytes.Clone(ck), 0) // the next position
 	}
@@ -266,6 +274,15 @@ func (a *applyCtx) replaceRecord(s int, raw, val []byte) error {
 			}
 		}
 	}
+	if raw[3] == tagData {
+		// A collection replaced or deleted: its version's elements here
+		// are dead (the source's collection of them is not copied).
+		oldRec, _ := decodeRecord(old)
+		newRec, _ := decodeRecord(val)
+		if err := a.retire(s, raw[4:], &oldRec, &newRec); err != nil {
+			return err
+		}
+	}
 	if len(val) == 0 {
 		if old == nil {
 			return nil
@@ -273,6 +290,38 @@ func (a *applyCtx) replaceRecord(s int, raw, val []byte) error {
 		return a.del(raw)
 	}
 	return a.putReceived(s, raw, val)
+}
+
+// liveVersions tells, in one view, whether an element of shard s belongs
+// to the version its collection's record holds (a dead version's does
+// not), remembering the last record read: elements of one key are
+// read together.
+type liveVersions struct {
+	txn     *badger.Txn
+	s       int
+	key     []byte
+	version uint64
+	known   bool
+}
+
+// holds reports whether raw, a record of the shard, is part of it: any
+// record but an element of a dead version.
+func (l *liveVersions) holds(raw []byte) (bool, error) {
+	key, v, _, ok := elemOf(raw)
+	if !ok {
+		return true, nil
+	}
+	if !l.known || !bytes.Equal(key, l.key) {
+		b, err := raftgroup.GetValue(l.txn, dataKey(l.s, key))
+		if err != nil {
+			return false, err
+		}
+		l.key, l.version, l.known = bytes.Clone(key), 0, true
+		if r, err := decodeRecord(b); err == nil {
+			l.version = versionOf(&r)
+		}
+	}
+	return v != 0 && v == l.version, nil
 }
 
 // trimChanges deletes up to DeleteChunkKeys change index entries of shard s

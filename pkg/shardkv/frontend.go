@@ -33,25 +33,8 @@ func (g *Group) ReadKeys(ctx context.Context, keys [][]byte, followerReads bool,
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	for _, k := range keys {
-		if code := g.routeWait(ctx, k, !followerReads); code != OK {
-			return nil, g.refuse(k, code, !followerReads)
-		}
-	}
-	if !followerReads && !g.r.IsLeader() {
-		return nil, g.refuse(keys[0], OK, true)
-	}
-	if err := g.r.ReadIndex(ctx); err != nil {
-		if raftgroup.IsNotExecuted(err) {
-			// A read has no effect: a refusal is always safe. Without
-			// followerReads the client belongs at the leader; with them, on
-			// any replica once a leader is known again.
-			if !followerReads {
-				return nil, g.refuse(keys[0], OK, true)
-			}
-			return nil, &shardkvpb.Refusal{Reason: shardkvpb.ReasonNotExecuted, Msg: "no leader is known for this group right now", Shard: -1}
-		}
-		return nil, fmt.Errorf("read barrier: %w", err)
+	if err := g.readBarrier(ctx, keys, followerReads); err != nil {
+		return nil, err
 	}
 	out := make([]ValueEntry, 0, len(keys))
 	var refused error
@@ -78,6 +61,50 @@ func (g *Group) ReadKeys(ctx context.Context, keys [][]byte, followerReads bool,
 		return out, ErrReadLimit
 	}
 	return out, nil
+}
+
+// readBarrier makes a read of keys (of one shard) linearizable: it waits
+// for their shard to be served here, then for a ReadIndex round, or
+// refuses as ReadKeys does.
+func (g *Group) readBarrier(ctx context.Context, keys [][]byte, followerReads bool) error {
+	for _, k := range keys {
+		if code := g.routeWait(ctx, k, !followerReads); code != OK {
+			return g.refuse(k, code, !followerReads)
+		}
+	}
+	if !followerReads && !g.r.IsLeader() {
+		return g.refuse(keys[0], OK, true)
+	}
+	if err := g.r.ReadIndex(ctx); err != nil {
+		if raftgroup.IsNotExecuted(err) {
+			// A read has no effect: a refusal is always safe. Without
+			// followerReads the client belongs at the leader; with them, on
+			// any replica once a leader is known again.
+			if !followerReads {
+				return g.refuse(keys[0], OK, true)
+			}
+			return &shardkvpb.Refusal{Reason: shardkvpb.ReasonNotExecuted, Msg: "no leader is known for this group right now", Shard: -1}
+		}
+		return fmt.Errorf("read barrier: %w", err)
+	}
+	return nil
+}
+
+// ReadElems reads elements of the collection at key linearizably, as
+// ReadKeys reads values (reserve: each element's size, ErrReadLimit when
+// it refuses).
+func (g *Group) ReadElems(ctx context.Context, key []byte, q ElemQuery, followerReads bool, reserve func(bytes int) bool) (ElemsReply, error) {
+	if err := g.readBarrier(ctx, [][]byte{key}, followerReads); err != nil {
+		return ElemsReply{}, err
+	}
+	r, code, err := g.sm.ReadElems(key, q, reserve)
+	switch {
+	case err != nil:
+		return r, err
+	case code != OK:
+		return r, g.refuse(key, code, !followerReads)
+	}
+	return r, nil
 }
 
 // WriteOutcome is one op's outcome: a result, or a *shardkvpb.Refusal.

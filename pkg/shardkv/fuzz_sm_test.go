@@ -185,9 +185,12 @@ func (g *logGen) log() []raftgroup.Entry {
 		case 8:
 			cmd = &shardkvpb.GroupCommand{Insert: g.chunk()}
 		default:
-			if g.intn(2) == 0 {
+			switch g.intn(3) {
+			case 0:
 				cmd = &shardkvpb.GroupCommand{ExpireKeys: true}
-			} else {
+			case 1:
+				cmd = &shardkvpb.GroupCommand{CollectDead: true}
+			default:
 				cmd = &shardkvpb.GroupCommand{ExpireSessions: true}
 			}
 		}
@@ -281,7 +284,7 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 		n = 8 + g.intn(24)
 	}
 	for i := range n {
-		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(13)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
+		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(int(shardkvpb.WriteOp_HINCR_FLOAT) + 1)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
 			ReturnPrev: g.intn(3) == 0, KeepTtl: g.intn(5) == 0, Delta: int64(g.byte()) - 128, ExpectAbsent: g.intn(2) == 0}
 		if many {
 			op.Kind, op.Key = shardkvpb.WriteOp_Kind(i%3), fmt.Appendf(nil, "{0}m%d", i)
@@ -308,6 +311,19 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 			if g.intn(4) == 0 {
 				op.Delta = int64(cmd.MaxValueBytes) - int64(g.intn(64)) // at the limit
 			}
+		case shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT:
+			// At times no field, or a field value missing: INVALID_OP.
+			for range g.intn(5) {
+				f := fmt.Appendf(nil, "f%d", g.intn(4))
+				if g.intn(16) == 0 {
+					f = bytes.Repeat([]byte{'F'}, MaxKeyBytesLimit-elemOverhead-len(op.Key)+g.intn(3)-1) // at the limit
+				}
+				op.Fields = append(op.Fields, f)
+				if g.intn(8) != 0 {
+					op.FieldValues = append(op.FieldValues, g.value())
+				}
+			}
+			op.Value = g.value()
 		}
 		switch op.Kind {
 		case shardkvpb.WriteOp_PUT, shardkvpb.WriteOp_APPEND, shardkvpb.WriteOp_CAS, shardkvpb.WriteOp_INCR_FLOAT, shardkvpb.WriteOp_MSET_NX:

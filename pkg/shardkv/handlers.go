@@ -2,10 +2,13 @@ package shardkv
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // The gRPC KV service. Every error is in the one vocabulary of
@@ -39,7 +42,7 @@ func (g *Group) MultiGet(ctx context.Context, req *shardkvpb.MultiGetRequest) (*
 			refused = g.opError(req.Keys[i], code, false)
 			return false
 		}
-		out.Values = append(out.Values, &shardkvpb.GetReply{Value: e.Value, Found: e.Found})
+		out.Values = append(out.Values, &shardkvpb.GetReply{Value: e.Value, Found: e.Found, Type: uint32(e.Type)})
 		return true
 	})
 	if err != nil {
@@ -97,6 +100,41 @@ func (g *Group) GroupInfo(ctx context.Context, req *shardkvpb.GroupInfoRequest) 
 			}
 			out.Keys += uint64(n)
 		}
+	}
+	return out, nil
+}
+
+// maxElemsReply bounds one GetElems reply (a client pages with count).
+const maxElemsReply = 64 << 20
+
+// GetElems reads elements of a collection (ReadElems) for the Go client.
+func (g *Group) GetElems(ctx context.Context, req *shardkvpb.ReadElemsRequest) (*shardkvpb.ReadElemsReply, error) {
+	q := ElemQuery{Type: ValueType(req.Type), Fields: req.Fields, All: req.All, Count: int(req.Count)}
+	if req.HasAfter {
+		q.After = req.After
+		if q.After == nil {
+			q.After = []byte{}
+		}
+	}
+	used := 0
+	reserve := func(n int) bool {
+		used += n + 16
+		return used <= maxElemsReply
+	}
+	r, err := g.ReadElems(ctx, req.Key, q, true, reserve)
+	switch {
+	case errors.Is(err, ErrReadLimit):
+		return nil, status.Errorf(codes.ResourceExhausted, "the reply would pass %d bytes: read fewer fields, or page with count", maxElemsReply)
+	case err != nil:
+		var ref *shardkvpb.Refusal
+		if errors.As(err, &ref) {
+			return nil, ref
+		}
+		return nil, raftgroup.GRPCError(err)
+	}
+	out := &shardkvpb.ReadElemsReply{Found: r.Entry.Found, Type: uint32(r.Entry.Type), Len: r.Len, Next: r.Next, More: r.Next != nil, ExpireAtMs: r.Entry.ExpireAtMs}
+	for _, e := range r.Elems {
+		out.Elems = append(out.Elems, &shardkvpb.Elem{Field: e.Field, Value: e.Value, Found: e.Found})
 	}
 	return out, nil
 }

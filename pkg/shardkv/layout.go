@@ -12,10 +12,14 @@ import (
 //	m/applied, m/config, m/prev, m/logtime     group metadata
 //	m/tombcursor                               tombstone sweep position (a t key)
 //	s<shard:2>                                 per-shard state (ShardMeta)
+//	d<shard:2>e<keylen:2><key><version:8><sub> a collection's element
 //	d<shard:2>k<user key>                      a value record
 //	d<shard:2>s<client:8>                      a client session (dedup)
-//	d<shard:2>w<index:7><user key>             change index: key written at index
-//	                                           (only while a move out is planned)
+//	d<shard:2>w<index:6><tag><rest>            change index: d<shard:2><tag><rest>
+//	                                           written at index (only while a
+//	                                           move out is planned)
+//	c<shard:2><version:8><keylen:2><key>       a dead collection version whose
+//	                                           elements are still to delete
 //	e<lastNS:8><shard:2><client:8>             session expiry index
 //	t<shard:2><user key>                       tombstone index
 //	x<expireAtMs:8><shard:2><user key>         key expiry index
@@ -37,6 +41,7 @@ var (
 )
 
 const (
+	tagElem    = 'e'
 	tagData    = 'k'
 	tagSession = 's'
 	// tagChange sorts after the records and sessions, so a snapshot of a
@@ -54,31 +59,37 @@ func sessionKey(s int, client uint64) []byte {
 	return binary.BigEndian.AppendUint64(append(shardPrefix(s), tagSession), client)
 }
 
-// changeKey is the change index entry of key, written at index: a shard
-// whose move out is planned records every write in it, so that each pre-copy
-// round reads only what changed since the last (changes.go). The index
-// takes 7 bytes (2^56 entries), so the entry is no longer than the key's
-// expiry index entry, which MaxKeyBytesLimit is set by.
-func changeKey(s int, index uint64, key []byte) []byte {
-	k := changePos(s, index)
-	return append(k, key...)
+// changeKey is the change index entry of the shard record raw
+// (d<s><tag><rest>: a value record or an element), written at index: a
+// shard whose move out is planned records every write in it, so that each
+// pre-copy round reads only what changed since the last (changes.go). The
+// index takes 6 bytes (2^48 entries), so the entry of a value record is no
+// longer than the key's expiry index entry, which MaxKeyBytesLimit is set
+// by; an element's is elemOverhead longer than its key and field.
+func changeKey(s int, index uint64, raw []byte) []byte {
+	return append(changePos(s, index), raw[3:]...)
 }
 
 // changePos is where the change index entries written at index start.
 func changePos(s int, index uint64) []byte {
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], index)
-	return append(append(shardPrefix(s), tagChange), b[1:]...)
+	return append(append(shardPrefix(s), tagChange), b[2:]...)
 }
 
 // changeIndex is the index of a change index entry (raw key).
 func changeIndex(k []byte) uint64 {
 	var b [8]byte
-	copy(b[1:], k[4:11])
+	copy(b[2:], k[4:changePrefixLen])
 	return binary.BigEndian.Uint64(b[:])
 }
 
-const changePrefixLen = 11
+// changedRecord is the shard record a change index entry names.
+func changedRecord(s int, k []byte) []byte {
+	return append(shardPrefix(s), k[changePrefixLen:]...)
+}
+
+const changePrefixLen = 10
 
 func shardMetaKey(s int) []byte { return []byte{'s', byte(s >> 8), byte(s)} }
 
@@ -102,8 +113,13 @@ func tombstoneKey(s int, key []byte) []byte {
 // absolute expiry, and a tombstone flag for deletes.
 //
 //	flags:1 index:8 expireAtMs:8 value
+//
+// flags: bit 0 tombstone, bits 1-3 the value's type. A collection's value
+// is its metadata (collMeta); its elements are records of their own
+// (elemKey).
 type record struct {
 	Tombstone  bool
+	Type       ValueType
 	Index      uint64
 	ExpireAtMs int64
 	Value      []byte
@@ -122,9 +138,9 @@ func (r record) encode() []byte {
 		b = make([]byte, recordHeader, recordHeader+len(r.Value))
 		b = append(b, r.Value...)
 	}
-	b[0] = 0
+	b[0] = byte(r.Type&7) << 1
 	if r.Tombstone {
-		b[0] = 1
+		b[0] |= 1
 	}
 	binary.BigEndian.PutUint64(b[1:], r.Index)
 	binary.BigEndian.PutUint64(b[9:], uint64(r.ExpireAtMs))
@@ -137,6 +153,7 @@ func decodeRecord(b []byte) (record, error) {
 	}
 	return record{
 		Tombstone:  b[0]&1 != 0,
+		Type:       ValueType(b[0]>>1) & 7,
 		Index:      binary.BigEndian.Uint64(b[1:]),
 		ExpireAtMs: int64(binary.BigEndian.Uint64(b[9:])),
 		Value:      b[recordHeader:],

@@ -2,6 +2,7 @@ package shardkv_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -35,8 +36,16 @@ const (
 
 var slinKeys = []string{"lin-a", "lin-b", "lin-c", "lin-d", "lin-e", "lin-f"}
 
-// slinClient does random get/put/append on slinKeys until stop, recording
-// each call in rec. Values are unique, so appends can be told apart.
+// slinHashes are hashes in the shards of two of slinKeys (hash tags), so
+// that they move with them; slinFields their fields.
+var (
+	slinHashes = []string{"{lin-a}h", "{lin-a}g", "{lin-c}h", "{lin-c}g"}
+	slinFields = []string{"a", "b", "c"}
+)
+
+// slinClient does random get/put/append on slinKeys, and hset, hdel, hget
+// and hgetall on slinHashes, until stop, recording each call in rec.
+// Values are unique, so appends can be told apart.
 func slinClient(c *client.Client, rec *kvcheck.Recorder, id int, stop <-chan struct{}) {
 	rng := rand.New(rand.NewPCG(uint64(id), uint64(time.Now().UnixNano())))
 	for seq := 0; ; seq++ {
@@ -45,8 +54,13 @@ func slinClient(c *client.Client, rec *kvcheck.Recorder, id int, stop <-chan str
 			return
 		default:
 		}
-		key := slinKeys[rng.IntN(len(slinKeys))]
 		ctx, cancel := context.WithTimeout(context.Background(), slinOpTimeout)
+		if rng.IntN(10) < 2 {
+			slinHashOp(ctx, c, rec, rng, id, seq)
+			cancel()
+			continue
+		}
+		key := slinKeys[rng.IntN(len(slinKeys))]
 		switch p := rng.IntN(10); {
 		case p < 4:
 			op := rec.Start(id, kvcheck.Get, key, "")
@@ -62,6 +76,34 @@ func slinClient(c *client.Client, rec *kvcheck.Recorder, id int, stop <-chan str
 			finish(op, "", c.Append(ctx, key, v))
 		}
 		cancel()
+	}
+}
+
+// slinHashOp is one random operation on a field of one of slinHashes, or
+// a read of a whole hash.
+func slinHashOp(ctx context.Context, c *client.Client, rec *kvcheck.Recorder, rng *rand.Rand, id, seq int) {
+	key, field := slinHashes[rng.IntN(len(slinHashes))], slinFields[rng.IntN(len(slinFields))]
+	start := func(kind kvcheck.Kind, value string) kvcheck.Pending {
+		return rec.StartField(id, kind, key, field, value)
+	}
+	switch p := rng.IntN(20); {
+	case p < 8:
+		v := fmt.Sprintf("%d.%d", id, seq)
+		op := start(kvcheck.HSet, v)
+		_, err := c.HSet(ctx, key, field, v)
+		finish(op, "", err)
+	case p < 11:
+		op := start(kvcheck.HDel, "")
+		_, err := c.HDel(ctx, key, field)
+		finish(op, "", err)
+	case p < 15:
+		op := start(kvcheck.HGet, "")
+		v, _, err := c.HGet(ctx, key, field)
+		finish(op, v, err)
+	default:
+		op := rec.Start(id, kvcheck.HGetAll, key, "")
+		h, err := c.HGetAll(ctx, key)
+		finish(op, kvcheck.EncodeHash(h), err)
 	}
 }
 
@@ -162,10 +204,25 @@ func slinFinalCheck(t *testing.T, fc *client.Client, rec *kvcheck.Recorder, note
 		}
 		op.Ok(v)
 	}
+	for _, k := range slinHashes {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		op := rec.Start(slinClients, kvcheck.HGetAll, k, "")
+		h, err := fc.HGetAll(ctx, k)
+		cancel()
+		if err != nil {
+			t.Fatalf("final read of %s after healing: %v", k, err)
+		}
+		op.Ok(kvcheck.EncodeHash(h))
+	}
 	hist := rec.History()
 	st := hist.Stats
 	t.Logf("history: %d operations: %d reads ok, %d writes ok, %d writes with unknown outcome, %d reads failed",
 		len(hist.Ops), st.OKGets, st.OKWrites, st.Unknown, st.FailedGets)
+	if path := os.Getenv("LINEARIZABILITY_HISTORY"); path != "" {
+		if b, err := json.Marshal(hist); err == nil {
+			_ = os.WriteFile(path, b, 0o644)
+		}
+	}
 	res, err := kvcheck.Check(hist.Ops, slinCheckLimit)
 	if err != nil {
 		t.Fatalf("check: %v", err)

@@ -328,6 +328,20 @@ func TestLinearizabilityLiveMoves(t *testing.T) {
 	for s := range shards {
 		fillShard(t, fc, s, nshards, 1500)
 	}
+	// A hash of 3,000 fields moves with lin-a's shard: its elements take
+	// several chunks and are copied whole, never half.
+	const bigFields = 3000
+	for from := 0; from < bigFields; from += 1000 {
+		var fv []string
+		for i := from; i < from+1000; i++ {
+			fv = append(fv, fmt.Sprint("f", i), fmt.Sprint("v", i))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if _, err := fc.HSet(ctx, "{lin-a}big", fv...); err != nil {
+			t.Fatalf("fill the big hash: %v", err)
+		}
+		cancel()
+	}
 
 	rec := kvcheck.NewRecorder()
 	var notes []kvcheck.Note
@@ -436,6 +450,12 @@ func TestLinearizabilityLiveMoves(t *testing.T) {
 	w.Faults.Set(0, 0, 0)
 	w.WaitSettled(60 * time.Second)
 	st := slinFinalCheck(t, fc, rec, notes)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	big, err := fc.HGetAll(ctx, "{lin-a}big")
+	if err != nil || len(big) != bigFields || big["f2999"] != "v2999" {
+		t.Errorf("the big hash after the moves: %d fields (f2999 %q), %v; want %d", len(big), big["f2999"], err, bigFields)
+	}
 	if len(events) < kinds {
 		t.Errorf("only %d moves during the run", len(events))
 	}

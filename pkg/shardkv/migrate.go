@@ -33,6 +33,7 @@ func (g *Group) run() {
 		pullPeer      = map[string]uint64{} // running pull task -> source gid
 		lastReport    time.Time
 		lastExpire    = time.Now()
+		lastCollect   time.Time
 		lastKeyExpire time.Time
 		taskDone      = make(chan string, 64)
 		stepPending   bool
@@ -108,6 +109,17 @@ func (g *Group) run() {
 					}
 				})
 			}
+		}
+		if _, running := tasks["collect"]; !running && g.sm.deadPending.Load() && time.Since(lastCollect) >= g.cfg.ExpireKeysEvery {
+			lastCollect = time.Now()
+			g.spawn(lead.ctx, tasks, taskDone, "collect", func(ctx context.Context) {
+				for {
+					res, err := g.propose(ctx, &shardkvpb.GroupCommand{CollectDead: true})
+					if more, _ := res.(moreWork); err != nil || !bool(more) {
+						return
+					}
+				}
+			})
 		}
 		if _, running := tasks["expire"]; !running && time.Since(lastExpire) >= g.cfg.ExpireEvery {
 			lastExpire = time.Now()

@@ -153,13 +153,15 @@ func applyOp(op *shardkvpb.WriteOp, old *record, oldLive bool, nowMs int64, maxV
 		if next <= nowMs {
 			return &record{Tombstone: true}, nil
 		}
-		return &record{Value: old.Value, ExpireAtMs: next}, nil
+		return &record{Type: old.Type, Value: old.Value, ExpireAtMs: next}, nil
 	case shardkvpb.WriteOp_PERSIST:
 		if !oldLive || oldExpiry == 0 {
 			return nil, nil
 		}
 		res.Ok = true
-		return &record{Value: old.Value}, nil
+		return &record{Type: old.Type, Value: old.Value}, nil
+	case shardkvpb.WriteOp_READ:
+		return nil, nil
 	case shardkvpb.WriteOp_SET_RANGE:
 		return setRange(op, old, oldLive, maxValue, res), nil
 	case shardkvpb.WriteOp_SET_BIT:
@@ -256,7 +258,7 @@ func applyPair(op *shardkvpb.WriteOp, src *record, srcLive bool, dst *record, ds
 		return nil, nil
 	}
 	res.Ok = true
-	nextDst = &record{Value: src.Value, ExpireAtMs: src.ExpireAtMs}
+	nextDst = &record{Type: src.Type, Value: src.Value, ExpireAtMs: src.ExpireAtMs}
 	if op.Kind == shardkvpb.WriteOp_RENAME {
 		nextSrc = &record{Tombstone: true}
 	}
@@ -344,13 +346,12 @@ func ulps(a, b float64) uint64 {
 // indexes in step, and the change index while a move of the shard out is
 // planned.
 func (a *applyCtx) putRecord(s int, key []byte, old, next *record) error {
-	if err := a.set(dataKey(s, key), next.encode()); err != nil {
+	dk := dataKey(s, key)
+	if err := a.setShardRecord(s, dk, next.encode()); err != nil {
 		return err
 	}
-	if a.meta(s).tracking() {
-		if err := a.set(changeKey(s, a.index, key), nil); err != nil {
-			return err
-		}
+	if err := a.retire(s, key, old, next); err != nil {
+		return err
 	}
 	var err error
 	if next.Tombstone {

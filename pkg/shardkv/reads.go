@@ -11,7 +11,10 @@ import (
 
 // ValueEntry is a key as read.
 type ValueEntry struct {
-	Found      bool
+	Found bool
+	// Type is the value's type; a collection's Value is empty (its
+	// elements are read with ReadElems).
+	Type       ValueType
 	Value      []byte
 	ExpireAtMs int64 // 0: no expiry
 	// NowMs is the log time (Unix ms) the read judged expiry at: that of
@@ -180,7 +183,10 @@ func (sm *StateMachine) readEntry(txn *badger.Txn, key []byte, nowMs int64) (Val
 		return e, code, err
 	}
 	if r.live(nowMs) {
-		e = ValueEntry{Found: true, Value: r.Value, ExpireAtMs: r.ExpireAtMs, NowMs: nowMs}
+		e = ValueEntry{Found: true, Type: r.Type, Value: r.Value, ExpireAtMs: r.ExpireAtMs, NowMs: nowMs}
+		if r.Type.collection() {
+			e.Value = nil
+		}
 	}
 	return e, code, nil
 }

@@ -11,7 +11,7 @@ func (sm *StateMachine) Snapshot() (raftgroup.Snapshot, error) {
 }
 
 // statePrefixes are every prefix the group state machine owns.
-var statePrefixes = [][]byte{metaPrefix, {'s'}, {'d'}, {'e'}, {'t'}, {'x'}}
+var statePrefixes = [][]byte{metaPrefix, {'c'}, {'s'}, {'d'}, {'e'}, {'t'}, {'x'}}
 
 func (sm *StateMachine) Restore(r io.Reader) (uint64, error) {
 	sm.cache.reset()

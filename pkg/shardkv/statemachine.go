@@ -30,6 +30,10 @@ type StateMachine struct {
 	// the log (every replica counts what it applies).
 	MigratedKeys, MigratedBytes, GCKeys atomic.Uint64
 	pauses                              pauseHist
+	// deadPending: a dead collection version may have elements left to
+	// collect (set by apply, cleared by a collection that found none;
+	// only a hint for the leader's proposals, never read by apply).
+	deadPending atomic.Bool
 }
 
 // NewStateMachine returns the state machine of data group gid.
@@ -82,6 +86,7 @@ func (sm *StateMachine) load(txn *badger.Txn) error {
 		}
 		sm.shards[s] = m
 	}
+	sm.deadPending.Store(true) // a collection finds out
 	return nil
 }
 

@@ -108,6 +108,41 @@ func internal(err error) error {
 	return shardkvpb.Error(codes.Internal, shardkvpb.ReasonNotExecuted, err.Error(), nil)
 }
 
+// checkFields checks a collection op's fields and values: how many, and
+// their sizes (a key and a field together are stored in one badger key).
+func (g *Group) checkFields(op *shardkvpb.WriteOp) error {
+	switch op.Kind {
+	case shardkvpb.WriteOp_HSET:
+		if len(op.Fields) == 0 || len(op.FieldValues) != len(op.Fields) {
+			return invalid("%d fields but %d values", len(op.Fields), len(op.FieldValues))
+		}
+	case shardkvpb.WriteOp_HDEL:
+		if len(op.Fields) == 0 {
+			return invalid("no field to delete")
+		}
+	case shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT:
+		if len(op.Fields) != 1 {
+			return invalid("%d fields: want 1", len(op.Fields))
+		}
+	default:
+		if len(op.Fields) > 0 || len(op.FieldValues) > 0 {
+			return invalid("fields on a %v op", op.Kind)
+		}
+		return nil
+	}
+	for _, f := range op.Fields {
+		if n := len(op.Key) + len(f); n > g.cfg.MaxKeyBytes-elemOverhead {
+			return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("key and field of %d bytes together exceed the limit of %d", n, g.cfg.MaxKeyBytes-elemOverhead), nil)
+		}
+	}
+	for _, v := range op.FieldValues {
+		if len(v) > g.cfg.MaxValueBytes {
+			return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("value of %d bytes exceeds the limit of %d", len(v), g.cfg.MaxValueBytes), nil)
+		}
+	}
+	return nil
+}
+
 func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if op == nil {
 		return invalid("missing write op")
@@ -123,8 +158,11 @@ func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if len(op.Dest) > g.cfg.MaxKeyBytes {
 		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("destination key of %d bytes exceeds the limit of %d", len(op.Dest), g.cfg.MaxKeyBytes), nil)
 	}
-	if op.Kind > shardkvpb.WriteOp_SET_BIT {
+	if op.Kind > shardkvpb.WriteOp_HINCR_FLOAT {
 		return invalid("unknown write kind %d", op.Kind)
+	}
+	if err := g.checkFields(op); err != nil {
+		return err
 	}
 	if len(op.MoreKeys) != len(op.MoreValues) {
 		return invalid("%d more keys but %d more values", len(op.MoreKeys), len(op.MoreValues))

@@ -58,24 +58,28 @@ func installPieces(kvs []*shardkvpb.KeyValue, after []byte, maxCommand int) [][]
 // large shard never stalls the group's other writes.
 const DeleteChunkKeys = 1000
 
-// StreamShard sends shard s's value records (values and tombstones; not
-// the sessions, which come with the last round of changes), after the given
+// StreamShard sends shard s's value records (values and tombstones) and
+// the elements of its live collections (not the sessions, which come with
+// the last round of changes), after the given
 // raw key if resume is set, in chunks of at most ChunkLimit encoded bytes
 // (or one larger record), all read from one view of the state: every chunk
 // names that view's applied index (source_index), from which the copy's
 // rounds of changes start (StreamChanges).
 func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(*shardkvpb.ShardChunk) error) error {
-	prefix := append(shardPrefix(s), tagData)
+	prefix := shardPrefix(s)
 	txn := sm.store.DB().NewTransaction(false)
 	defer txn.Discard()
+	live := liveVersions{txn: txn, s: s}
 	// Count first (keys and sizes only) so the receiver can show progress;
 	// only for a stream from the start: a resumed one (the copy keeps the
 	// first count) does not scan the whole shard again.
 	var total, totalBytes uint64
 	if !resume {
 		kit := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
-		for kit.Rewind(); kit.Valid(); kit.Next() {
-			total++
+		for kit.Rewind(); kit.Valid() && snapshotted(kit.Item().Key()); kit.Next() {
+			if kit.Item().Key()[3] == tagData {
+				total++
+			}
 			totalBytes += uint64(len(kit.Item().Key())) + uint64(kit.Item().ValueSize())
 		}
 		kit.Close()
@@ -92,8 +96,13 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 	chunk := newChunk()
 	size := 0
 	startAfter(it, after, resume)
-	for ; it.ValidForPrefix(prefix); it.Next() {
+	for ; it.ValidForPrefix(prefix) && snapshotted(it.Item().Key()); it.Next() {
 		k := it.Item().KeyCopy(nil)
+		if ok, err := live.holds(k); err != nil {
+			return err
+		} else if !ok {
+			continue // a dead version's element: collected here
+		}
 		v, err := it.Item().ValueCopy(nil)
 		if err != nil {
 			return err
@@ -112,6 +121,11 @@ func (sm *StateMachine) StreamShard(s int, after []byte, resume bool, send func(
 	chunk.Last = true
 	return send(chunk)
 }
+
+// snapshotted reports whether a shard's record (raw key) is part of its
+// snapshot: elements and value records, which sort before the sessions
+// (they come with the last round of changes) and the change index.
+func snapshotted(raw []byte) bool { return len(raw) > 3 && raw[3] < tagSession }
 
 // insertChunk installs one chunk of a shard being pulled. Duplicates, stale
 // chunks and chunks for another config are ignored, so the puller may retry

@@ -85,6 +85,11 @@ const (
 	OpErrCrossShard = "CROSS_SHARD"
 	// OpErrOffset: SET_RANGE at a negative offset.
 	OpErrOffset = "OFFSET_OUT_OF_RANGE"
+	// OpErrWrongType: the op is for another type than the key holds.
+	OpErrWrongType = "WRONGTYPE"
+	// OpErrInvalidOp: the op's fields do not fit together (an HSET with
+	// fewer values than fields); front ends never send one.
+	OpErrInvalidOp = "INVALID_OP"
 )
 
 // The two outcomes of a request that did not simply succeed or fail, as Go

@@ -49,7 +49,10 @@ type GroupCommand struct {
 	MaxValueBytes uint64 `protobuf:"varint,9,opt,name=max_value_bytes,json=maxValueBytes,proto3" json:"max_value_bytes,omitempty"`
 	// Owner: delete the next batch of a shard's change index below the
 	// shard's TrimBelow (a planned move was cancelled).
-	TrimChanges   *ShardRef `protobuf:"bytes,10,opt,name=trim_changes,json=trimChanges,proto3" json:"trim_changes,omitempty"`
+	TrimChanges *ShardRef `protobuf:"bytes,10,opt,name=trim_changes,json=trimChanges,proto3" json:"trim_changes,omitempty"`
+	// Delete elements of dead collection versions (a DEL, overwrite or
+	// expiry of a hash, ...), oldest first, within the maintenance bounds.
+	CollectDead   bool `protobuf:"varint,11,opt,name=collect_dead,json=collectDead,proto3" json:"collect_dead,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -152,6 +155,13 @@ func (x *GroupCommand) GetTrimChanges() *ShardRef {
 		return x.TrimChanges
 	}
 	return nil
+}
+
+func (x *GroupCommand) GetCollectDead() bool {
+	if x != nil {
+		return x.CollectDead
+	}
+	return false
 }
 
 type ShardRef struct {
@@ -389,7 +399,7 @@ var File_grouplog_proto protoreflect.FileDescriptor
 const file_grouplog_proto_rawDesc = "" +
 	"\n" +
 	"\x0egrouplog.proto\x12\n" +
-	"shardkv.v1\x1a\fctrler.proto\x1a\bkv.proto\"\xd7\x03\n" +
+	"shardkv.v1\x1a\fctrler.proto\x1a\bkv.proto\"\xfa\x03\n" +
 	"\fGroupCommand\x12+\n" +
 	"\x06writes\x18\x01 \x03(\v2\x13.shardkv.v1.WriteOpR\x06writes\x123\n" +
 	"\vnext_config\x18\x02 \x01(\v2\x12.shardkv.v1.ConfigR\n" +
@@ -403,7 +413,8 @@ const file_grouplog_proto_rawDesc = "" +
 	"expireKeys\x12&\n" +
 	"\x0fmax_value_bytes\x18\t \x01(\x04R\rmaxValueBytes\x127\n" +
 	"\ftrim_changes\x18\n" +
-	" \x01(\v2\x14.shardkv.v1.ShardRefR\vtrimChanges\"?\n" +
+	" \x01(\v2\x14.shardkv.v1.ShardRefR\vtrimChanges\x12!\n" +
+	"\fcollect_dead\x18\v \x01(\bR\vcollectDead\"?\n" +
 	"\bShardRef\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +

@@ -57,6 +57,24 @@ const (
 	// value[0] (0 or 1), padding with zero bytes; keeps the TTL. Num: the
 	// bit's old value.
 	WriteOp_SET_BIT WriteOp_Kind = 12
+	// Read the key as of this op's place in the log: changes nothing;
+	// prev, prev_found and prev_type describe the key (a collection's
+	// prev is empty).
+	WriteOp_READ WriteOp_Kind = 13
+	// Hash ops (docs/types.md). A key of another type fails WRONGTYPE.
+	// HSET: set each of `fields` to its `field_values`, creating the hash;
+	// cond IF_ABSENT sets only fields that do not exist (HSETNX). Num:
+	// fields added.
+	WriteOp_HSET WriteOp_Kind = 14
+	// HDEL: remove `fields`; the hash goes when its last field does. Num:
+	// fields removed.
+	WriteOp_HDEL WriteOp_Kind = 15
+	// HINCR: add `delta` to the integer in field fields[0] (absent = 0).
+	// Num: the new value.
+	WriteOp_HINCR WriteOp_Kind = 16
+	// HINCR_FLOAT: add the decimal float in `value` to field fields[0].
+	// Value: the new value as stored.
+	WriteOp_HINCR_FLOAT WriteOp_Kind = 17
 )
 
 // Enum value maps for WriteOp_Kind.
@@ -75,21 +93,31 @@ var (
 		10: "COPY",
 		11: "MSET_NX",
 		12: "SET_BIT",
+		13: "READ",
+		14: "HSET",
+		15: "HDEL",
+		16: "HINCR",
+		17: "HINCR_FLOAT",
 	}
 	WriteOp_Kind_value = map[string]int32{
-		"PUT":        0,
-		"APPEND":     1,
-		"DELETE":     2,
-		"CAS":        3,
-		"INCR":       4,
-		"INCR_FLOAT": 5,
-		"EXPIRE":     6,
-		"PERSIST":    7,
-		"SET_RANGE":  8,
-		"RENAME":     9,
-		"COPY":       10,
-		"MSET_NX":    11,
-		"SET_BIT":    12,
+		"PUT":         0,
+		"APPEND":      1,
+		"DELETE":      2,
+		"CAS":         3,
+		"INCR":        4,
+		"INCR_FLOAT":  5,
+		"EXPIRE":      6,
+		"PERSIST":     7,
+		"SET_RANGE":   8,
+		"RENAME":      9,
+		"COPY":        10,
+		"MSET_NX":     11,
+		"SET_BIT":     12,
+		"READ":        13,
+		"HSET":        14,
+		"HDEL":        15,
+		"HINCR":       16,
+		"HINCR_FLOAT": 17,
 	}
 )
 
@@ -272,8 +300,11 @@ type WriteOp struct {
 	// (CROSS_SHARD otherwise).
 	Dest []byte `protobuf:"bytes,13,opt,name=dest,proto3" json:"dest,omitempty"`
 	// MSET_NX: the pairs after the first.
-	MoreKeys      [][]byte `protobuf:"bytes,14,rep,name=more_keys,json=moreKeys,proto3" json:"more_keys,omitempty"`
-	MoreValues    [][]byte `protobuf:"bytes,15,rep,name=more_values,json=moreValues,proto3" json:"more_values,omitempty"`
+	MoreKeys   [][]byte `protobuf:"bytes,14,rep,name=more_keys,json=moreKeys,proto3" json:"more_keys,omitempty"`
+	MoreValues [][]byte `protobuf:"bytes,15,rep,name=more_values,json=moreValues,proto3" json:"more_values,omitempty"`
+	// Collection ops: the fields (members) and their values.
+	Fields        [][]byte `protobuf:"bytes,16,rep,name=fields,proto3" json:"fields,omitempty"`
+	FieldValues   [][]byte `protobuf:"bytes,17,rep,name=field_values,json=fieldValues,proto3" json:"field_values,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -413,6 +444,20 @@ func (x *WriteOp) GetMoreValues() [][]byte {
 	return nil
 }
 
+func (x *WriteOp) GetFields() [][]byte {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
+func (x *WriteOp) GetFieldValues() [][]byte {
+	if x != nil {
+		return x.FieldValues
+	}
+	return nil
+}
+
 type WriteResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// PUT/APPEND: true. DELETE: the key existed. CAS: the swap happened.
@@ -430,7 +475,10 @@ type WriteResult struct {
 	Value []byte `protobuf:"bytes,6,opt,name=value,proto3" json:"value,omitempty"`
 	// An error decided when the op was applied (one of the OpErr* codes of
 	// errors.go, e.g. NOT_INTEGER); the op changed nothing.
-	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	// The type of the key before the write, when prev_found (a ValueType of
+	// pkg/shardkv: 0 string, 1 hash, ...).
+	PrevType      uint32 `protobuf:"varint,8,opt,name=prev_type,json=prevType,proto3" json:"prev_type,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -514,6 +562,13 @@ func (x *WriteResult) GetError() string {
 	return ""
 }
 
+func (x *WriteResult) GetPrevType() uint32 {
+	if x != nil {
+		return x.PrevType
+	}
+	return 0
+}
+
 type GetRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -559,9 +614,11 @@ func (x *GetRequest) GetKey() []byte {
 }
 
 type GetReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Value         []byte                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
-	Found         bool                   `protobuf:"varint,2,opt,name=found,proto3" json:"found,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Value []byte                 `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
+	Found bool                   `protobuf:"varint,2,opt,name=found,proto3" json:"found,omitempty"`
+	// The value's type (0 string; a collection's value is empty).
+	Type          uint32 `protobuf:"varint,3,opt,name=type,proto3" json:"type,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -610,6 +667,262 @@ func (x *GetReply) GetFound() bool {
 	return false
 }
 
+func (x *GetReply) GetType() uint32 {
+	if x != nil {
+		return x.Type
+	}
+	return 0
+}
+
+type ReadElemsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// The collection type the caller expects (1 hash, ...): a key of another
+	// type is reported in the reply's type with no element.
+	Type uint32 `protobuf:"varint,2,opt,name=type,proto3" json:"type,omitempty"`
+	// These fields, in order; or, with all, the elements in field order
+	// after `after` (when has_after), at most count (0: all).
+	Fields        [][]byte `protobuf:"bytes,3,rep,name=fields,proto3" json:"fields,omitempty"`
+	All           bool     `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
+	After         []byte   `protobuf:"bytes,5,opt,name=after,proto3" json:"after,omitempty"`
+	HasAfter      bool     `protobuf:"varint,6,opt,name=has_after,json=hasAfter,proto3" json:"has_after,omitempty"`
+	Count         uint32   `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadElemsRequest) Reset() {
+	*x = ReadElemsRequest{}
+	mi := &file_kv_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadElemsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadElemsRequest) ProtoMessage() {}
+
+func (x *ReadElemsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kv_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadElemsRequest.ProtoReflect.Descriptor instead.
+func (*ReadElemsRequest) Descriptor() ([]byte, []int) {
+	return file_kv_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ReadElemsRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *ReadElemsRequest) GetType() uint32 {
+	if x != nil {
+		return x.Type
+	}
+	return 0
+}
+
+func (x *ReadElemsRequest) GetFields() [][]byte {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
+func (x *ReadElemsRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *ReadElemsRequest) GetAfter() []byte {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *ReadElemsRequest) GetHasAfter() bool {
+	if x != nil {
+		return x.HasAfter
+	}
+	return false
+}
+
+func (x *ReadElemsRequest) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type Elem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Field         []byte                 `protobuf:"bytes,1,opt,name=field,proto3" json:"field,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	Found         bool                   `protobuf:"varint,3,opt,name=found,proto3" json:"found,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Elem) Reset() {
+	*x = Elem{}
+	mi := &file_kv_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Elem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Elem) ProtoMessage() {}
+
+func (x *Elem) ProtoReflect() protoreflect.Message {
+	mi := &file_kv_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Elem.ProtoReflect.Descriptor instead.
+func (*Elem) Descriptor() ([]byte, []int) {
+	return file_kv_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Elem) GetField() []byte {
+	if x != nil {
+		return x.Field
+	}
+	return nil
+}
+
+func (x *Elem) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *Elem) GetFound() bool {
+	if x != nil {
+		return x.Found
+	}
+	return false
+}
+
+type ReadElemsReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Found bool                   `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"`
+	Type  uint32                 `protobuf:"varint,2,opt,name=type,proto3" json:"type,omitempty"`
+	Len   int64                  `protobuf:"varint,3,opt,name=len,proto3" json:"len,omitempty"`
+	Elems []*Elem                `protobuf:"bytes,4,rep,name=elems,proto3" json:"elems,omitempty"`
+	// An all read stopped at count: go on after this field.
+	Next          []byte `protobuf:"bytes,5,opt,name=next,proto3" json:"next,omitempty"`
+	More          bool   `protobuf:"varint,6,opt,name=more,proto3" json:"more,omitempty"`
+	ExpireAtMs    int64  `protobuf:"varint,7,opt,name=expire_at_ms,json=expireAtMs,proto3" json:"expire_at_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadElemsReply) Reset() {
+	*x = ReadElemsReply{}
+	mi := &file_kv_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadElemsReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadElemsReply) ProtoMessage() {}
+
+func (x *ReadElemsReply) ProtoReflect() protoreflect.Message {
+	mi := &file_kv_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadElemsReply.ProtoReflect.Descriptor instead.
+func (*ReadElemsReply) Descriptor() ([]byte, []int) {
+	return file_kv_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ReadElemsReply) GetFound() bool {
+	if x != nil {
+		return x.Found
+	}
+	return false
+}
+
+func (x *ReadElemsReply) GetType() uint32 {
+	if x != nil {
+		return x.Type
+	}
+	return 0
+}
+
+func (x *ReadElemsReply) GetLen() int64 {
+	if x != nil {
+		return x.Len
+	}
+	return 0
+}
+
+func (x *ReadElemsReply) GetElems() []*Elem {
+	if x != nil {
+		return x.Elems
+	}
+	return nil
+}
+
+func (x *ReadElemsReply) GetNext() []byte {
+	if x != nil {
+		return x.Next
+	}
+	return nil
+}
+
+func (x *ReadElemsReply) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+func (x *ReadElemsReply) GetExpireAtMs() int64 {
+	if x != nil {
+		return x.ExpireAtMs
+	}
+	return 0
+}
+
 type WriteRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Op            *WriteOp               `protobuf:"bytes,1,opt,name=op,proto3" json:"op,omitempty"`
@@ -619,7 +932,7 @@ type WriteRequest struct {
 
 func (x *WriteRequest) Reset() {
 	*x = WriteRequest{}
-	mi := &file_kv_proto_msgTypes[5]
+	mi := &file_kv_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +944,7 @@ func (x *WriteRequest) String() string {
 func (*WriteRequest) ProtoMessage() {}
 
 func (x *WriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[5]
+	mi := &file_kv_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +957,7 @@ func (x *WriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteRequest.ProtoReflect.Descriptor instead.
 func (*WriteRequest) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{5}
+	return file_kv_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WriteRequest) GetOp() *WriteOp {
@@ -663,7 +976,7 @@ type WriteReply struct {
 
 func (x *WriteReply) Reset() {
 	*x = WriteReply{}
-	mi := &file_kv_proto_msgTypes[6]
+	mi := &file_kv_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +988,7 @@ func (x *WriteReply) String() string {
 func (*WriteReply) ProtoMessage() {}
 
 func (x *WriteReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[6]
+	mi := &file_kv_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +1001,7 @@ func (x *WriteReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteReply.ProtoReflect.Descriptor instead.
 func (*WriteReply) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{6}
+	return file_kv_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WriteReply) GetResult() *WriteResult {
@@ -707,7 +1020,7 @@ type MultiGetRequest struct {
 
 func (x *MultiGetRequest) Reset() {
 	*x = MultiGetRequest{}
-	mi := &file_kv_proto_msgTypes[7]
+	mi := &file_kv_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +1032,7 @@ func (x *MultiGetRequest) String() string {
 func (*MultiGetRequest) ProtoMessage() {}
 
 func (x *MultiGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[7]
+	mi := &file_kv_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +1045,7 @@ func (x *MultiGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultiGetRequest.ProtoReflect.Descriptor instead.
 func (*MultiGetRequest) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{7}
+	return file_kv_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MultiGetRequest) GetKeys() [][]byte {
@@ -751,7 +1064,7 @@ type MultiGetReply struct {
 
 func (x *MultiGetReply) Reset() {
 	*x = MultiGetReply{}
-	mi := &file_kv_proto_msgTypes[8]
+	mi := &file_kv_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +1076,7 @@ func (x *MultiGetReply) String() string {
 func (*MultiGetReply) ProtoMessage() {}
 
 func (x *MultiGetReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[8]
+	mi := &file_kv_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +1089,7 @@ func (x *MultiGetReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultiGetReply.ProtoReflect.Descriptor instead.
 func (*MultiGetReply) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{8}
+	return file_kv_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *MultiGetReply) GetValues() []*GetReply {
@@ -795,7 +1108,7 @@ type MultiWriteRequest struct {
 
 func (x *MultiWriteRequest) Reset() {
 	*x = MultiWriteRequest{}
-	mi := &file_kv_proto_msgTypes[9]
+	mi := &file_kv_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +1120,7 @@ func (x *MultiWriteRequest) String() string {
 func (*MultiWriteRequest) ProtoMessage() {}
 
 func (x *MultiWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[9]
+	mi := &file_kv_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +1133,7 @@ func (x *MultiWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultiWriteRequest.ProtoReflect.Descriptor instead.
 func (*MultiWriteRequest) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{9}
+	return file_kv_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *MultiWriteRequest) GetOps() []*WriteOp {
@@ -839,7 +1152,7 @@ type MultiWriteReply struct {
 
 func (x *MultiWriteReply) Reset() {
 	*x = MultiWriteReply{}
-	mi := &file_kv_proto_msgTypes[10]
+	mi := &file_kv_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +1164,7 @@ func (x *MultiWriteReply) String() string {
 func (*MultiWriteReply) ProtoMessage() {}
 
 func (x *MultiWriteReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[10]
+	mi := &file_kv_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1177,7 @@ func (x *MultiWriteReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MultiWriteReply.ProtoReflect.Descriptor instead.
 func (*MultiWriteReply) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{10}
+	return file_kv_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MultiWriteReply) GetResults() []*WriteResult {
@@ -902,7 +1215,7 @@ type FetchShardRequest struct {
 
 func (x *FetchShardRequest) Reset() {
 	*x = FetchShardRequest{}
-	mi := &file_kv_proto_msgTypes[11]
+	mi := &file_kv_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -914,7 +1227,7 @@ func (x *FetchShardRequest) String() string {
 func (*FetchShardRequest) ProtoMessage() {}
 
 func (x *FetchShardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[11]
+	mi := &file_kv_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -927,7 +1240,7 @@ func (x *FetchShardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchShardRequest.ProtoReflect.Descriptor instead.
 func (*FetchShardRequest) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{11}
+	return file_kv_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FetchShardRequest) GetShard() uint32 {
@@ -1004,7 +1317,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_kv_proto_msgTypes[12]
+	mi := &file_kv_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1329,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[12]
+	mi := &file_kv_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1342,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{12}
+	return file_kv_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *KeyValue) GetKey() []byte {
@@ -1056,7 +1369,7 @@ type DedupEntry struct {
 
 func (x *DedupEntry) Reset() {
 	*x = DedupEntry{}
-	mi := &file_kv_proto_msgTypes[13]
+	mi := &file_kv_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1381,7 @@ func (x *DedupEntry) String() string {
 func (*DedupEntry) ProtoMessage() {}
 
 func (x *DedupEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[13]
+	mi := &file_kv_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1394,7 @@ func (x *DedupEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DedupEntry.ProtoReflect.Descriptor instead.
 func (*DedupEntry) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{13}
+	return file_kv_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DedupEntry) GetClientId() uint64 {
@@ -1130,7 +1443,7 @@ type ShardChunk struct {
 
 func (x *ShardChunk) Reset() {
 	*x = ShardChunk{}
-	mi := &file_kv_proto_msgTypes[14]
+	mi := &file_kv_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1455,7 @@ func (x *ShardChunk) String() string {
 func (*ShardChunk) ProtoMessage() {}
 
 func (x *ShardChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[14]
+	mi := &file_kv_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1468,7 @@ func (x *ShardChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardChunk.ProtoReflect.Descriptor instead.
 func (*ShardChunk) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{14}
+	return file_kv_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ShardChunk) GetKvs() []*KeyValue {
@@ -1246,7 +1559,7 @@ type ShardInstalledRequest struct {
 
 func (x *ShardInstalledRequest) Reset() {
 	*x = ShardInstalledRequest{}
-	mi := &file_kv_proto_msgTypes[15]
+	mi := &file_kv_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1571,7 @@ func (x *ShardInstalledRequest) String() string {
 func (*ShardInstalledRequest) ProtoMessage() {}
 
 func (x *ShardInstalledRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[15]
+	mi := &file_kv_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1584,7 @@ func (x *ShardInstalledRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardInstalledRequest.ProtoReflect.Descriptor instead.
 func (*ShardInstalledRequest) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{15}
+	return file_kv_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ShardInstalledRequest) GetShard() uint32 {
@@ -1303,7 +1616,7 @@ type ShardInstalledReply struct {
 
 func (x *ShardInstalledReply) Reset() {
 	*x = ShardInstalledReply{}
-	mi := &file_kv_proto_msgTypes[16]
+	mi := &file_kv_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1628,7 @@ func (x *ShardInstalledReply) String() string {
 func (*ShardInstalledReply) ProtoMessage() {}
 
 func (x *ShardInstalledReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[16]
+	mi := &file_kv_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1641,7 @@ func (x *ShardInstalledReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardInstalledReply.ProtoReflect.Descriptor instead.
 func (*ShardInstalledReply) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{16}
+	return file_kv_proto_rawDescGZIP(), []int{19}
 }
 
 type GroupInfoRequest struct {
@@ -1342,7 +1655,7 @@ type GroupInfoRequest struct {
 
 func (x *GroupInfoRequest) Reset() {
 	*x = GroupInfoRequest{}
-	mi := &file_kv_proto_msgTypes[17]
+	mi := &file_kv_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1667,7 @@ func (x *GroupInfoRequest) String() string {
 func (*GroupInfoRequest) ProtoMessage() {}
 
 func (x *GroupInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[17]
+	mi := &file_kv_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1680,7 @@ func (x *GroupInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupInfoRequest.ProtoReflect.Descriptor instead.
 func (*GroupInfoRequest) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{17}
+	return file_kv_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GroupInfoRequest) GetCountKeys() bool {
@@ -1390,7 +1703,7 @@ type GroupInfoReply struct {
 
 func (x *GroupInfoReply) Reset() {
 	*x = GroupInfoReply{}
-	mi := &file_kv_proto_msgTypes[18]
+	mi := &file_kv_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1402,7 +1715,7 @@ func (x *GroupInfoReply) String() string {
 func (*GroupInfoReply) ProtoMessage() {}
 
 func (x *GroupInfoReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[18]
+	mi := &file_kv_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1415,7 +1728,7 @@ func (x *GroupInfoReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupInfoReply.ProtoReflect.Descriptor instead.
 func (*GroupInfoReply) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{18}
+	return file_kv_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GroupInfoReply) GetGid() uint64 {
@@ -1462,7 +1775,7 @@ const file_kv_proto_rawDesc = "" +
 	"\aSession\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xf0\x05\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xe5\x06\n" +
 	"\aWriteOp\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.shardkv.v1.WriteOp.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1482,7 +1795,9 @@ const file_kv_proto_rawDesc = "" +
 	"\x04dest\x18\r \x01(\fR\x04dest\x12\x1b\n" +
 	"\tmore_keys\x18\x0e \x03(\fR\bmoreKeys\x12\x1f\n" +
 	"\vmore_values\x18\x0f \x03(\fR\n" +
-	"moreValues\"\xa2\x01\n" +
+	"moreValues\x12\x16\n" +
+	"\x06fields\x18\x10 \x03(\fR\x06fields\x12!\n" +
+	"\ffield_values\x18\x11 \x03(\fR\vfieldValues\"\xdc\x01\n" +
 	"\x04Kind\x12\a\n" +
 	"\x03PUT\x10\x00\x12\n" +
 	"\n" +
@@ -1502,7 +1817,12 @@ const file_kv_proto_rawDesc = "" +
 	"\x04COPY\x10\n" +
 	"\x12\v\n" +
 	"\aMSET_NX\x10\v\x12\v\n" +
-	"\aSET_BIT\x10\f\"c\n" +
+	"\aSET_BIT\x10\f\x12\b\n" +
+	"\x04READ\x10\r\x12\b\n" +
+	"\x04HSET\x10\x0e\x12\b\n" +
+	"\x04HDEL\x10\x0f\x12\t\n" +
+	"\x05HINCR\x10\x10\x12\x0f\n" +
+	"\vHINCR_FLOAT\x10\x11\"c\n" +
 	"\x04Cond\x12\n" +
 	"\n" +
 	"\x06ALWAYS\x10\x00\x12\r\n" +
@@ -1513,7 +1833,7 @@ const file_kv_proto_rawDesc = "" +
 	"IF_GREATER\x10\x03\x12\v\n" +
 	"\aIF_LESS\x10\x04\x12\x13\n" +
 	"\x0fIF_PRESENT_LESS\x10\x05B\t\n" +
-	"\a_ttl_ms\"\xb1\x01\n" +
+	"\a_ttl_ms\"\xce\x01\n" +
 	"\vWriteResult\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x12\n" +
 	"\x04prev\x18\x02 \x01(\fR\x04prev\x12\x1d\n" +
@@ -1522,13 +1842,36 @@ const file_kv_proto_rawDesc = "" +
 	"\fnot_executed\x18\x04 \x01(\tR\vnotExecuted\x12\x10\n" +
 	"\x03num\x18\x05 \x01(\x03R\x03num\x12\x14\n" +
 	"\x05value\x18\x06 \x01(\fR\x05value\x12\x14\n" +
-	"\x05error\x18\a \x01(\tR\x05error\"\x1e\n" +
+	"\x05error\x18\a \x01(\tR\x05error\x12\x1b\n" +
+	"\tprev_type\x18\b \x01(\rR\bprevType\"\x1e\n" +
 	"\n" +
 	"GetRequest\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\fR\x03key\"6\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\"J\n" +
 	"\bGetReply\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\fR\x05value\x12\x14\n" +
-	"\x05found\x18\x02 \x01(\bR\x05found\"9\n" +
+	"\x05found\x18\x02 \x01(\bR\x05found\x12\x12\n" +
+	"\x04type\x18\x03 \x01(\rR\x04type\"\xab\x01\n" +
+	"\x10ReadElemsRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\rR\x04type\x12\x16\n" +
+	"\x06fields\x18\x03 \x03(\fR\x06fields\x12\x10\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\x12\x14\n" +
+	"\x05after\x18\x05 \x01(\fR\x05after\x12\x1b\n" +
+	"\thas_after\x18\x06 \x01(\bR\bhasAfter\x12\x14\n" +
+	"\x05count\x18\a \x01(\rR\x05count\"H\n" +
+	"\x04Elem\x12\x14\n" +
+	"\x05field\x18\x01 \x01(\fR\x05field\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
+	"\x05found\x18\x03 \x01(\bR\x05found\"\xbe\x01\n" +
+	"\x0eReadElemsReply\x12\x14\n" +
+	"\x05found\x18\x01 \x01(\bR\x05found\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\rR\x04type\x12\x10\n" +
+	"\x03len\x18\x03 \x01(\x03R\x03len\x12&\n" +
+	"\x05elems\x18\x04 \x03(\v2\x10.shardkv.v1.ElemR\x05elems\x12\x12\n" +
+	"\x04next\x18\x05 \x01(\fR\x04next\x12\x12\n" +
+	"\x04more\x18\x06 \x01(\bR\x04more\x12 \n" +
+	"\fexpire_at_ms\x18\a \x01(\x03R\n" +
+	"expireAtMs\"9\n" +
 	"\fWriteRequest\x12#\n" +
 	"\x02op\x18\x01 \x01(\v2\x13.shardkv.v1.WriteOpR\x02opJ\x04\b\x02\x10\x03\"=\n" +
 	"\n" +
@@ -1592,13 +1935,14 @@ const file_kv_proto_rawDesc = "" +
 	"\x06config\x18\x02 \x01(\v2\x12.shardkv.v1.ConfigR\x06config\x12.\n" +
 	"\x06shards\x18\x03 \x03(\v2\x16.shardkv.v1.ShardStateR\x06shards\x120\n" +
 	"\x06member\x18\x04 \x01(\v2\x18.shardkv.v1.MemberStatusR\x06member\x12\x12\n" +
-	"\x04keys\x18\x05 \x01(\x04R\x04keys2\xe6\x03\n" +
+	"\x04keys\x18\x05 \x01(\x04R\x04keys2\xac\x04\n" +
 	"\x02KV\x123\n" +
 	"\x03Get\x12\x16.shardkv.v1.GetRequest\x1a\x14.shardkv.v1.GetReply\x129\n" +
 	"\x05Write\x12\x18.shardkv.v1.WriteRequest\x1a\x16.shardkv.v1.WriteReply\x12B\n" +
 	"\bMultiGet\x12\x1b.shardkv.v1.MultiGetRequest\x1a\x19.shardkv.v1.MultiGetReply\x12H\n" +
 	"\n" +
-	"MultiWrite\x12\x1d.shardkv.v1.MultiWriteRequest\x1a\x1b.shardkv.v1.MultiWriteReply\x12E\n" +
+	"MultiWrite\x12\x1d.shardkv.v1.MultiWriteRequest\x1a\x1b.shardkv.v1.MultiWriteReply\x12D\n" +
+	"\bGetElems\x12\x1c.shardkv.v1.ReadElemsRequest\x1a\x1a.shardkv.v1.ReadElemsReply\x12E\n" +
 	"\n" +
 	"FetchShard\x12\x1d.shardkv.v1.FetchShardRequest\x1a\x16.shardkv.v1.ShardChunk0\x01\x12T\n" +
 	"\x0eShardInstalled\x12!.shardkv.v1.ShardInstalledRequest\x1a\x1f.shardkv.v1.ShardInstalledReply\x12E\n" +
@@ -1617,7 +1961,7 @@ func file_kv_proto_rawDescGZIP() []byte {
 }
 
 var file_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_kv_proto_goTypes = []any{
 	(WriteOp_Kind)(0),             // 0: shardkv.v1.WriteOp.Kind
 	(WriteOp_Cond)(0),             // 1: shardkv.v1.WriteOp.Cond
@@ -1626,57 +1970,63 @@ var file_kv_proto_goTypes = []any{
 	(*WriteResult)(nil),           // 4: shardkv.v1.WriteResult
 	(*GetRequest)(nil),            // 5: shardkv.v1.GetRequest
 	(*GetReply)(nil),              // 6: shardkv.v1.GetReply
-	(*WriteRequest)(nil),          // 7: shardkv.v1.WriteRequest
-	(*WriteReply)(nil),            // 8: shardkv.v1.WriteReply
-	(*MultiGetRequest)(nil),       // 9: shardkv.v1.MultiGetRequest
-	(*MultiGetReply)(nil),         // 10: shardkv.v1.MultiGetReply
-	(*MultiWriteRequest)(nil),     // 11: shardkv.v1.MultiWriteRequest
-	(*MultiWriteReply)(nil),       // 12: shardkv.v1.MultiWriteReply
-	(*FetchShardRequest)(nil),     // 13: shardkv.v1.FetchShardRequest
-	(*KeyValue)(nil),              // 14: shardkv.v1.KeyValue
-	(*DedupEntry)(nil),            // 15: shardkv.v1.DedupEntry
-	(*ShardChunk)(nil),            // 16: shardkv.v1.ShardChunk
-	(*ShardInstalledRequest)(nil), // 17: shardkv.v1.ShardInstalledRequest
-	(*ShardInstalledReply)(nil),   // 18: shardkv.v1.ShardInstalledReply
-	(*GroupInfoRequest)(nil),      // 19: shardkv.v1.GroupInfoRequest
-	(*GroupInfoReply)(nil),        // 20: shardkv.v1.GroupInfoReply
-	(*Config)(nil),                // 21: shardkv.v1.Config
-	(*ShardState)(nil),            // 22: shardkv.v1.ShardState
-	(*MemberStatus)(nil),          // 23: shardkv.v1.MemberStatus
+	(*ReadElemsRequest)(nil),      // 7: shardkv.v1.ReadElemsRequest
+	(*Elem)(nil),                  // 8: shardkv.v1.Elem
+	(*ReadElemsReply)(nil),        // 9: shardkv.v1.ReadElemsReply
+	(*WriteRequest)(nil),          // 10: shardkv.v1.WriteRequest
+	(*WriteReply)(nil),            // 11: shardkv.v1.WriteReply
+	(*MultiGetRequest)(nil),       // 12: shardkv.v1.MultiGetRequest
+	(*MultiGetReply)(nil),         // 13: shardkv.v1.MultiGetReply
+	(*MultiWriteRequest)(nil),     // 14: shardkv.v1.MultiWriteRequest
+	(*MultiWriteReply)(nil),       // 15: shardkv.v1.MultiWriteReply
+	(*FetchShardRequest)(nil),     // 16: shardkv.v1.FetchShardRequest
+	(*KeyValue)(nil),              // 17: shardkv.v1.KeyValue
+	(*DedupEntry)(nil),            // 18: shardkv.v1.DedupEntry
+	(*ShardChunk)(nil),            // 19: shardkv.v1.ShardChunk
+	(*ShardInstalledRequest)(nil), // 20: shardkv.v1.ShardInstalledRequest
+	(*ShardInstalledReply)(nil),   // 21: shardkv.v1.ShardInstalledReply
+	(*GroupInfoRequest)(nil),      // 22: shardkv.v1.GroupInfoRequest
+	(*GroupInfoReply)(nil),        // 23: shardkv.v1.GroupInfoReply
+	(*Config)(nil),                // 24: shardkv.v1.Config
+	(*ShardState)(nil),            // 25: shardkv.v1.ShardState
+	(*MemberStatus)(nil),          // 26: shardkv.v1.MemberStatus
 }
 var file_kv_proto_depIdxs = []int32{
 	0,  // 0: shardkv.v1.WriteOp.kind:type_name -> shardkv.v1.WriteOp.Kind
 	2,  // 1: shardkv.v1.WriteOp.session:type_name -> shardkv.v1.Session
 	1,  // 2: shardkv.v1.WriteOp.cond:type_name -> shardkv.v1.WriteOp.Cond
-	3,  // 3: shardkv.v1.WriteRequest.op:type_name -> shardkv.v1.WriteOp
-	4,  // 4: shardkv.v1.WriteReply.result:type_name -> shardkv.v1.WriteResult
-	6,  // 5: shardkv.v1.MultiGetReply.values:type_name -> shardkv.v1.GetReply
-	3,  // 6: shardkv.v1.MultiWriteRequest.ops:type_name -> shardkv.v1.WriteOp
-	4,  // 7: shardkv.v1.MultiWriteReply.results:type_name -> shardkv.v1.WriteResult
-	14, // 8: shardkv.v1.ShardChunk.kvs:type_name -> shardkv.v1.KeyValue
-	15, // 9: shardkv.v1.ShardChunk.dedup:type_name -> shardkv.v1.DedupEntry
-	21, // 10: shardkv.v1.GroupInfoReply.config:type_name -> shardkv.v1.Config
-	22, // 11: shardkv.v1.GroupInfoReply.shards:type_name -> shardkv.v1.ShardState
-	23, // 12: shardkv.v1.GroupInfoReply.member:type_name -> shardkv.v1.MemberStatus
-	5,  // 13: shardkv.v1.KV.Get:input_type -> shardkv.v1.GetRequest
-	7,  // 14: shardkv.v1.KV.Write:input_type -> shardkv.v1.WriteRequest
-	9,  // 15: shardkv.v1.KV.MultiGet:input_type -> shardkv.v1.MultiGetRequest
-	11, // 16: shardkv.v1.KV.MultiWrite:input_type -> shardkv.v1.MultiWriteRequest
-	13, // 17: shardkv.v1.KV.FetchShard:input_type -> shardkv.v1.FetchShardRequest
-	17, // 18: shardkv.v1.KV.ShardInstalled:input_type -> shardkv.v1.ShardInstalledRequest
-	19, // 19: shardkv.v1.KV.GroupInfo:input_type -> shardkv.v1.GroupInfoRequest
-	6,  // 20: shardkv.v1.KV.Get:output_type -> shardkv.v1.GetReply
-	8,  // 21: shardkv.v1.KV.Write:output_type -> shardkv.v1.WriteReply
-	10, // 22: shardkv.v1.KV.MultiGet:output_type -> shardkv.v1.MultiGetReply
-	12, // 23: shardkv.v1.KV.MultiWrite:output_type -> shardkv.v1.MultiWriteReply
-	16, // 24: shardkv.v1.KV.FetchShard:output_type -> shardkv.v1.ShardChunk
-	18, // 25: shardkv.v1.KV.ShardInstalled:output_type -> shardkv.v1.ShardInstalledReply
-	20, // 26: shardkv.v1.KV.GroupInfo:output_type -> shardkv.v1.GroupInfoReply
-	20, // [20:27] is the sub-list for method output_type
-	13, // [13:20] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	8,  // 3: shardkv.v1.ReadElemsReply.elems:type_name -> shardkv.v1.Elem
+	3,  // 4: shardkv.v1.WriteRequest.op:type_name -> shardkv.v1.WriteOp
+	4,  // 5: shardkv.v1.WriteReply.result:type_name -> shardkv.v1.WriteResult
+	6,  // 6: shardkv.v1.MultiGetReply.values:type_name -> shardkv.v1.GetReply
+	3,  // 7: shardkv.v1.MultiWriteRequest.ops:type_name -> shardkv.v1.WriteOp
+	4,  // 8: shardkv.v1.MultiWriteReply.results:type_name -> shardkv.v1.WriteResult
+	17, // 9: shardkv.v1.ShardChunk.kvs:type_name -> shardkv.v1.KeyValue
+	18, // 10: shardkv.v1.ShardChunk.dedup:type_name -> shardkv.v1.DedupEntry
+	24, // 11: shardkv.v1.GroupInfoReply.config:type_name -> shardkv.v1.Config
+	25, // 12: shardkv.v1.GroupInfoReply.shards:type_name -> shardkv.v1.ShardState
+	26, // 13: shardkv.v1.GroupInfoReply.member:type_name -> shardkv.v1.MemberStatus
+	5,  // 14: shardkv.v1.KV.Get:input_type -> shardkv.v1.GetRequest
+	10, // 15: shardkv.v1.KV.Write:input_type -> shardkv.v1.WriteRequest
+	12, // 16: shardkv.v1.KV.MultiGet:input_type -> shardkv.v1.MultiGetRequest
+	14, // 17: shardkv.v1.KV.MultiWrite:input_type -> shardkv.v1.MultiWriteRequest
+	7,  // 18: shardkv.v1.KV.GetElems:input_type -> shardkv.v1.ReadElemsRequest
+	16, // 19: shardkv.v1.KV.FetchShard:input_type -> shardkv.v1.FetchShardRequest
+	20, // 20: shardkv.v1.KV.ShardInstalled:input_type -> shardkv.v1.ShardInstalledRequest
+	22, // 21: shardkv.v1.KV.GroupInfo:input_type -> shardkv.v1.GroupInfoRequest
+	6,  // 22: shardkv.v1.KV.Get:output_type -> shardkv.v1.GetReply
+	11, // 23: shardkv.v1.KV.Write:output_type -> shardkv.v1.WriteReply
+	13, // 24: shardkv.v1.KV.MultiGet:output_type -> shardkv.v1.MultiGetReply
+	15, // 25: shardkv.v1.KV.MultiWrite:output_type -> shardkv.v1.MultiWriteReply
+	9,  // 26: shardkv.v1.KV.GetElems:output_type -> shardkv.v1.ReadElemsReply
+	19, // 27: shardkv.v1.KV.FetchShard:output_type -> shardkv.v1.ShardChunk
+	21, // 28: shardkv.v1.KV.ShardInstalled:output_type -> shardkv.v1.ShardInstalledReply
+	23, // 29: shardkv.v1.KV.GroupInfo:output_type -> shardkv.v1.GroupInfoReply
+	22, // [22:30] is the sub-list for method output_type
+	14, // [14:22] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_kv_proto_init() }
@@ -1693,7 +2043,7 @@ func file_kv_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kv_proto_rawDesc), len(file_kv_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   19,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const (
 	KV_Write_FullMethodName          = "/shardkv.v1.KV/Write"
 	KV_MultiGet_FullMethodName       = "/shardkv.v1.KV/MultiGet"
 	KV_MultiWrite_FullMethodName     = "/shardkv.v1.KV/MultiWrite"
+	KV_GetElems_FullMethodName       = "/shardkv.v1.KV/GetElems"
 	KV_FetchShard_FullMethodName     = "/shardkv.v1.KV/FetchShard"
 	KV_ShardInstalled_FullMethodName = "/shardkv.v1.KV/ShardInstalled"
 	KV_GroupInfo_FullMethodName      = "/shardkv.v1.KV/GroupInfo"
@@ -43,6 +44,9 @@ type KVClient interface {
 	// splits by group). A write batch is one log entry.
 	MultiGet(ctx context.Context, in *MultiGetRequest, opts ...grpc.CallOption) (*MultiGetReply, error)
 	MultiWrite(ctx context.Context, in *MultiWriteRequest, opts ...grpc.CallOption) (*MultiWriteReply, error)
+	// GetElems reads elements of a collection (a hash's fields), as Get
+	// reads a value: linearizably, on any replica.
+	GetElems(ctx context.Context, in *ReadElemsRequest, opts ...grpc.CallOption) (*ReadElemsReply, error)
 	// Group to group: the new owner pulls a shard for config `config_num`
 	// from the old owner, as a stream of bounded chunks.
 	FetchShard(ctx context.Context, in *FetchShardRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ShardChunk], error)
@@ -95,6 +99,16 @@ func (c *kVClient) MultiWrite(ctx context.Context, in *MultiWriteRequest, opts .
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(MultiWriteReply)
 	err := c.cc.Invoke(ctx, KV_MultiWrite_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *kVClient) GetElems(ctx context.Context, in *ReadElemsRequest, opts ...grpc.CallOption) (*ReadElemsReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReadElemsReply)
+	err := c.cc.Invoke(ctx, KV_GetElems_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -155,6 +169,9 @@ type KVServer interface {
 	// splits by group). A write batch is one log entry.
 	MultiGet(context.Context, *MultiGetRequest) (*MultiGetReply, error)
 	MultiWrite(context.Context, *MultiWriteRequest) (*MultiWriteReply, error)
+	// GetElems reads elements of a collection (a hash's fields), as Get
+	// reads a value: linearizably, on any replica.
+	GetElems(context.Context, *ReadElemsRequest) (*ReadElemsReply, error)
 	// Group to group: the new owner pulls a shard for config `config_num`
 	// from the old owner, as a stream of bounded chunks.
 	FetchShard(*FetchShardRequest, grpc.ServerStreamingServer[ShardChunk]) error
@@ -184,6 +201,9 @@ func (UnimplementedKVServer) MultiGet(context.Context, *MultiGetRequest) (*Multi
 }
 func (UnimplementedKVServer) MultiWrite(context.Context, *MultiWriteRequest) (*MultiWriteReply, error) {
 	return nil, status.Error(codes.Unimplemented, "method MultiWrite not implemented")
+}
+func (UnimplementedKVServer) GetElems(context.Context, *ReadElemsRequest) (*ReadElemsReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetElems not implemented")
 }
 func (UnimplementedKVServer) FetchShard(*FetchShardRequest, grpc.ServerStreamingServer[ShardChunk]) error {
 	return status.Error(codes.Unimplemented, "method FetchShard not implemented")
@@ -287,6 +307,24 @@ func _KV_MultiWrite_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _KV_GetElems_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadElemsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(KVServer).GetElems(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: KV_GetElems_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(KVServer).GetElems(ctx, req.(*ReadElemsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _KV_FetchShard_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(FetchShardRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -356,6 +394,10 @@ var KV_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MultiWrite",
 			Handler:    _KV_MultiWrite_Handler,
+		},
+		{
+			MethodName: "GetElems",
+			Handler:    _KV_GetElems_Handler,
 		},
 		{
 			MethodName: "ShardInstalled",

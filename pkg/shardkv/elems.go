@@ -1,0 +1,121 @@
+package shardkv
+
+import (
+	"bytes"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/raftgroup"
+)
+
+// ElemQuery says which elements of a collection ReadElems reads.
+type ElemQuery struct {
+	// Type is the type the command is for: a key of another type is
+	// reported (ElemsReply.Entry.Type) with no element read.
+	Type ValueType
+	// Fields: these fields, in order (a missing one: Found false).
+	Fields [][]byte
+	// All: the elements in field order after After (from the first if
+	// nil), at most Count of them (0: all); Next says where to go on.
+	All   bool
+	After []byte
+	Count int
+}
+
+// Elem is one element of a collection: a hash field and its value, a set
+// member.
+type Elem struct {
+	Field, Value []byte
+	Found        bool
+}
+
+// ElemsReply is what ReadElems read: the key's entry (Found, Type, its
+// expiry), the collection's size, and the elements asked for.
+type ElemsReply struct {
+	Entry ValueEntry
+	Len   int64
+	Elems []Elem
+	// Next: an All read stopped at Count; go on after this field.
+	Next []byte
+}
+
+// ReadElems reads key's collection from local state, judged at the log
+// time of the state read (as GetEntry). reserve, if set, is asked for
+// each element's size before it is kept (ErrReadLimit when it refuses).
+func (sm *StateMachine) ReadElems(key []byte, q ElemQuery, reserve func(int) bool) (r ElemsReply, code Code, err error) {
+	err = sm.store.DB().View(func(txn *badger.Txn) error {
+		ns, err := logTime(txn)
+		if err != nil {
+			return err
+		}
+		var s int
+		if s, code = sm.route(key); code != OK {
+			return nil
+		}
+		nowMs := ns / 1e6
+		r.Entry = ValueEntry{NowMs: nowMs}
+		v, err := raftgroup.GetValue(txn, dataKey(s, key))
+		if err != nil || v == nil {
+			return err
+		}
+		rec, err := decodeRecord(v)
+		if err != nil || !rec.live(nowMs) {
+			return err
+		}
+		r.Entry = ValueEntry{Found: true, Type: rec.Type, ExpireAtMs: rec.ExpireAtMs, NowMs: nowMs}
+		if rec.Type != q.Type || !rec.Type.collection() {
+			return nil
+		}
+		m, err := decodeCollMeta(rec.Value)
+		if err != nil {
+			return err
+		}
+		r.Len = m.Size
+		prefix := elemPrefix(s, key, m.Version)
+		keep := func(e Elem) bool {
+			if reserve != nil && !reserve(len(e.Field)+len(e.Value)) {
+				return false
+			}
+			r.Elems = append(r.Elems, e)
+			return true
+		}
+		for _, f := range q.Fields {
+			ev, err := raftgroup.GetValue(txn, append(prefix[:len(prefix):len(prefix)], f...))
+			if err != nil {
+				return err
+			}
+			if !keep(Elem{Field: f, Value: elemPayload(ev), Found: ev != nil}) {
+				return ErrReadLimit
+			}
+		}
+		if !q.All {
+			return nil
+		}
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
+		defer it.Close()
+		if q.After != nil {
+			it.Seek(append(bytes.Clone(prefix), q.After...))
+			if it.Valid() && bytes.Equal(it.Item().Key()[len(prefix):], q.After) {
+				it.Next()
+			}
+		} else {
+			it.Rewind()
+		}
+		n := 0
+		for ; it.Valid(); it.Next() {
+			if q.Count > 0 && n >= q.Count {
+				r.Next = bytes.Clone(r.Elems[len(r.Elems)-1].Field)
+				return nil
+			}
+			ev, err := it.Item().ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			if !keep(Elem{Field: it.Item().KeyCopy(nil)[len(prefix):], Value: elemPayload(ev), Found: true}) {
+				return ErrReadLimit
+			}
+			n++
+		}
+		return nil
+	})
+	return r, code, err
+}

@@ -1,0 +1,396 @@
+package shardkv
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+)
+
+func fields(kv ...string) func(*shardkvpb.WriteOp) {
+	return func(o *shardkvpb.WriteOp) {
+		for i := 0; i < len(kv); i += 2 {
+			o.Fields = append(o.Fields, []byte(kv[i]))
+			if i+1 < len(kv) {
+				o.FieldValues = append(o.FieldValues, []byte(kv[i+1]))
+			}
+		}
+	}
+}
+
+func names(f ...string) func(*shardkvpb.WriteOp) {
+	return func(o *shardkvpb.WriteOp) {
+		for _, x := range f {
+			o.Fields = append(o.Fields, []byte(x))
+		}
+	}
+}
+
+// hash reads key's hash whole (nil: absent; WRONGTYPE: another type).
+func (h *smHarness) hash(key string) map[string]string {
+	h.t.Helper()
+	r, code, err := h.sm.ReadElems([]byte(key), ElemQuery{Type: TypeHash, All: true}, nil)
+	if err != nil || code != OK {
+		h.t.Fatalf("read hash %q: %v %v", key, code, err)
+	}
+	if !r.Entry.Found {
+		return nil
+	}
+	if r.Entry.Type != TypeHash {
+		return map[string]string{"WRONGTYPE": r.Entry.Type.String()}
+	}
+	m := map[string]string{}
+	for _, e := range r.Elems {
+		m[string(e.Field)] = string(e.Value)
+	}
+	if int64(len(m)) != r.Len {
+		h.t.Fatalf("hash %q: %d fields, its record says %d", key, len(m), r.Len)
+	}
+	return m
+}
+
+// countPrefix counts the records under prefix.
+func countPrefix(t *testing.T, sm *StateMachine, prefix []byte) int {
+	t.Helper()
+	n := 0
+	if err := sm.store.DB().View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: prefix})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			n++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// collectAll applies collection entries until one reports no more work.
+func (h *smHarness) collectAll() int {
+	h.t.Helper()
+	for i := 1; ; i++ {
+		more, ok := h.apply(&shardkvpb.GroupCommand{CollectDead: true}).(moreWork)
+		if !ok {
+			h.t.Fatal("collection entry without a moreWork result")
+		}
+		if !more {
+			return i
+		}
+		if i > 10_000 {
+			h.t.Fatal("collection does not end")
+		}
+	}
+}
+
+// TestHashOps: HSET counts the fields it adds, HSETNX (IF_ABSENT) keeps
+// fields, HDEL removes and the hash goes with its last field, HINCR and
+// HINCR_FLOAT refuse non-numbers and overflow without a change.
+func TestHashOps(t *testing.T) {
+	h := newSMHarness(t)
+	HS, HD, HI, HF := shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT
+	if r := h.write(op(HS, "h", fields("a", "1", "b", "2", "a", "3"))); r.Result.Num != 2 || r.Result.Error != "" {
+		t.Fatalf("hset: %v", r.Result)
+	}
+	if got := h.hash("h"); !maps.Equal(got, map[string]string{"a": "3", "b": "2"}) {
+		t.Fatalf("hash: %v", got)
+	}
+	if r := h.write(op(HS, "h", fields("a", "x", "c", ""), cond(shardkvpb.WriteOp_IF_ABSENT))); r.Result.Num != 1 {
+		t.Fatalf("hsetnx: %v", r.Result)
+	}
+	if got := h.hash("h"); !maps.Equal(got, map[string]string{"a": "3", "b": "2", "c": ""}) {
+		t.Fatalf("after hsetnx: %v", got)
+	}
+	if r := h.write(op(HI, "h", names("a"), delta(-5))); r.Result.Num != -2 || r.Result.Error != "" {
+		t.Fatalf("hincrby: %v", r.Result)
+	}
+	if r := h.write(op(HI, "h", names("c"), delta(1))); r.Result.Error != errNotInteger {
+		t.Fatalf("hincrby of an empty field: %v", r.Result)
+	}
+	h.write(op(HS, "h", fields("big", "9223372036854775807")))
+	if r := h.write(op(HI, "h", names("big"), delta(1))); r.Result.Error != errOverflow || h.hash("h")["big"] != "9223372036854775807" {
+		t.Fatalf("overflow: %v", r.Result)
+	}
+	if r := h.write(op(HF, "h", names("f"), val("1.5"))); string(r.Result.Value) != "1.5" {
+		t.Fatalf("hincrbyfloat on a new field: %v", r.Result)
+	}
+	if r := h.write(op(HF, "h", names("f"), val("0.1"))); string(r.Result.Value) != "1.6" || h.hash("h")["f"] != "1.6" {
+		t.Fatalf("hincrbyfloat: %v", r.Result)
+	}
+	if r := h.write(op(HD, "h", names("a", "nope", "a"))); r.Result.Num != 1 {
+		t.Fatalf("hdel: %v", r.Result)
+	}
+	if r := h.write(op(HD, "h", names("b", "c", "big", "f"))); r.Result.Num != 4 {
+		t.Fatalf("hdel of the rest: %v", r.Result)
+	}
+	if got := h.hash("h"); got != nil || h.entry("h").Found {
+		t.Fatalf("an empty hash stays: %v", got)
+	}
+	if r := h.write(op(HD, "h", names("a"))); r.Result.Num != 0 || r.Result.Error != "" {
+		t.Fatalf("hdel on no hash: %v", r.Result)
+	}
+	if n := countPrefix(t, h.sm, append(shardPrefix(shardOfKey4([]byte("h"))), tagElem)); n != 0 {
+		t.Fatalf("%d elements left after the last HDEL", n)
+	}
+}
+
+// TestWrongType: string ops on a hash and hash ops on a string fail
+// WRONGTYPE and change nothing; SET, EXPIRE and DEL take either; a read in
+// the log reports the type.
+func TestWrongType(t *testing.T) {
+	h := newSMHarness(t)
+	h.write(op(shardkvpb.WriteOp_HSET, "h", fields("a", "1")))
+	h.write(op(shardkvpb.WriteOp_PUT, "s", val("1")))
+	for _, o := range []*shardkvpb.WriteOp{
+		op(shardkvpb.WriteOp_APPEND, "h", val("x")),
+		op(shardkvpb.WriteOp_INCR, "h", delta(1)),
+		op(shardkvpb.WriteOp_INCR_FLOAT, "h", val("1")),
+		op(shardkvpb.WriteOp_SET_RANGE, "h", val("x")),
+		op(shardkvpb.WriteOp_SET_BIT, "h", val("\x01")),
+		op(shardkvpb.WriteOp_CAS, "h", val("x")),
+		op(shardkvpb.WriteOp_PUT, "h", val("x"), func(o *shardkvpb.WriteOp) { o.ReturnPrev = true }),
+		op(shardkvpb.WriteOp_DELETE, "h", func(o *shardkvpb.WriteOp) { o.ReturnPrev = true }),
+		op(shardkvpb.WriteOp_HSET, "s", fields("a", "1")),
+		op(shardkvpb.WriteOp_HDEL, "s", names("a")),
+		op(shardkvpb.WriteOp_HINCR, "s", names("a"), delta(1)),
+	} {
+		if r := h.write(o); r.Result.Error != shardkvpb.OpErrWrongType {
+			t.Errorf("%v on %q: %v, want WRONGTYPE", o.Kind, o.Key, r.Result)
+		}
+	}
+	if got := h.hash("h"); !maps.Equal(got, map[string]string{"a": "1"}) || h.get("s") != "1" {
+		t.Fatalf("a refused op changed something: %v %q", got, h.get("s"))
+	}
+	read := op(shardkvpb.WriteOp_READ, "h", func(o *shardkvpb.WriteOp) { o.ReturnPrev = true })
+	if r := h.write(read); !r.Result.PrevFound || r.Result.PrevType != uint32(TypeHash) || r.Result.Error != "" {
+		t.Fatalf("a read in the log of a hash: %v", r.Result)
+	}
+	if e := h.entry("h"); !e.Found || e.Type != TypeHash || e.Value != nil {
+		t.Fatalf("entry of a hash: %+v", e)
+	}
+	// SET replaces the hash; its field is gone for a new hash of that name.
+	h.write(op(shardkvpb.WriteOp_PUT, "h", val("str")))
+	if h.get("h") != "str" || h.entry("h").Type != TypeString {
+		t.Fatalf("SET over a hash: %q", h.get("h"))
+	}
+	if r := h.write(op(shardkvpb.WriteOp_HSET, "h", fields("b", "2"))); r.Result.Error != shardkvpb.OpErrWrongType {
+		t.Fatalf("HSET on the string: %v", r.Result)
+	}
+	h.write(op(shardkvpb.WriteOp_DELETE, "h"))
+	h.write(op(shardkvpb.WriteOp_HSET, "h", fields("b", "2")))
+	if got := h.hash("h"); !maps.Equal(got, map[string]string{"b": "2"}) {
+		t.Fatalf("a new hash sees its predecessor's fields: %v", got)
+	}
+}
+
+// TestDeadVersionsCollected: DEL of a hash of thousands of fields is one
+// record write, whatever its size; the collection entries then delete its
+// elements in bounded batches, and a hash created again under the name in
+// the same entry as the DEL sees none of them.
+func TestDeadVersionsCollected(t *testing.T) {
+	h := newSMHarness(t)
+	s := shardOfKey4([]byte("big"))
+	elems := append(shardPrefix(s), tagElem)
+	const n = 5000
+	for i := 0; i < n; i += 1000 {
+		var kv []string
+		for j := i; j < i+1000; j++ {
+			kv = append(kv, fmt.Sprintf("f%05d", j), strings.Repeat("v", 10))
+		}
+		if r := h.write(op(shardkvpb.WriteOp_HSET, "big", fields(kv...))); r.Result.Num != 1000 {
+			t.Fatalf("hset: %v", r.Result)
+		}
+	}
+	// DEL and HSET of the same name in one entry (a pipeline).
+	res := h.apply(&shardkvpb.GroupCommand{Writes: []*shardkvpb.WriteOp{
+		op(shardkvpb.WriteOp_DELETE, "big"),
+		op(shardkvpb.WriteOp_HSET, "big", fields("f00001", "new")),
+	}}).([]OpResult)
+	if !res[0].Result.Ok || res[1].Result.Num != 1 {
+		t.Fatalf("del and hset: %v %v", res[0].Result, res[1].Result)
+	}
+	if got := h.hash("big"); !maps.Equal(got, map[string]string{"f00001": "new"}) {
+		t.Fatalf("the new hash: %d fields, want 1", len(got))
+	}
+	if got := countPrefix(t, h.sm, elems); got != n+1 {
+		t.Fatalf("%d elements right after the DEL, want the %d dead ones still there and the new one", got, n+1)
+	}
+	if !h.sm.deadPending.Load() {
+		t.Fatal("no collection pending after a DEL of a hash")
+	}
+	if entries := h.collectAll(); entries < n/DeleteChunkKeys {
+		t.Fatalf("collected %d elements in %d entries: more than DeleteChunkKeys per entry", n, entries)
+	}
+	if got := countPrefix(t, h.sm, elems); got != 1 {
+		t.Fatalf("%d elements after the collection, want the new hash's 1", got)
+	}
+	if got := countPrefix(t, h.sm, []byte{'c'}); got != 0 || h.sm.deadPending.Load() {
+		t.Fatalf("%d dead marks left (pending %v)", got, h.sm.deadPending.Load())
+	}
+	if got := h.hash("big"); !maps.Equal(got, map[string]string{"f00001": "new"}) {
+		t.Fatalf("the collection touched the live hash: %v", got)
+	}
+}
+
+// TestHashExpiryAndRename: a hash's expiry deletes it (its elements then
+// collected); RENAME moves fields and expiry, COPY copies them, and each
+// leaves an independent hash.
+func TestHashExpiryAndRename(t *testing.T) {
+	h := newSMHarness(t)
+	now := h.now.UnixMilli()
+	h.write(op(shardkvpb.WriteOp_HSET, "{t}a", fields("x", "1", "y", "2")))
+	h.write(op(shardkvpb.WriteOp_EXPIRE, "{t}a", exp(now+1000)))
+	if e := h.entry("{t}a"); e.ExpireAtMs != now+1000 || e.Type != TypeHash {
+		t.Fatalf("expire on a hash: %+v", e)
+	}
+	if r := h.write(op(shardkvpb.WriteOp_RENAME, "{t}a", dest("{t}b"))); !r.Result.Ok {
+		t.Fatalf("rename: %v", r.Result)
+	}
+	if h.entry("{t}a").Found || !maps.Equal(h.hash("{t}b"), map[string]string{"x": "1", "y": "2"}) || h.entry("{t}b").ExpireAtMs != now+1000 {
+		t.Fatalf("after rename: a %v, b %v", h.entry("{t}a"), h.hash("{t}b"))
+	}
+	if r := h.write(op(shardkvpb.WriteOp_COPY, "{t}b", dest("{t}c"))); !r.Result.Ok {
+		t.Fatalf("copy: %v", r.Result)
+	}
+	h.write(op(shardkvpb.WriteOp_HSET, "{t}c", fields("z", "3")))
+	if got := h.hash("{t}b"); len(got) != 2 {
+		t.Fatalf("a write to the copy changed the original: %v", got)
+	}
+	h.collectAll()
+	s := shardOfKey4([]byte("{t}a"))
+	if got := countPrefix(t, h.sm, append(shardPrefix(s), tagElem)); got != 5 {
+		t.Fatalf("%d elements, want b's 2 and c's 3 (a's collected)", got)
+	}
+	h.now = h.now.Add(2 * time.Second)
+	if n := h.apply(&shardkvpb.GroupCommand{ExpireKeys: true}); n != 2 {
+		t.Fatalf("expired %v keys, want b and c", n)
+	}
+	h.collectAll()
+	if got := countPrefix(t, h.sm, append(shardPrefix(s), tagElem)); got != 0 || h.hash("{t}b") != nil {
+		t.Fatalf("%d elements after the expiry and collection", got)
+	}
+}
+
+// TestHashesMigrate: a shard with hashes moves by snapshot and rounds of
+// changes, field-level (HSET, HDEL, a DEL and re-create, a hash dying
+// between rounds); the copy equals the source, holds no element of a dead
+// version once its own collection ran, and a dead version's elements never
+// travel.
+func TestHashesMigrate(t *testing.T) {
+	groups := []*shardkvpb.Group{{Gid: 7, Servers: []*shardkvpb.Server{{Id: 1, Addr: "a:1"}}}, {Gid: 8, Servers: []*shardkvpb.Server{{Id: 1, Addr: "b:1"}}}}
+	const s = 1
+	conf1 := &shardkvpb.Config{Num: 1, Shards: []uint64{7, 7, 8, 7}, Groups: groups}
+	conf2 := &shardkvpb.Config{Num: 2, Shards: []uint64{7, 7, 8, 7}, Groups: groups,
+		Moves: []*shardkvpb.PlannedMove{{Shard: s, FromGid: 7, ToGid: 8, SinceConfig: 2}}}
+	conf3 := &shardkvpb.Config{Num: 3, Shards: []uint64{7, 8, 8, 7}, Groups: groups}
+	var keys []string
+	for j := 0; len(keys) < 7; j++ {
+		if k := fmt.Sprintf("h%d", j); shardOfKey4([]byte(k)) == s {
+			keys = append(keys, k)
+		}
+	}
+	src := &smHarness{t: t, sm: openSM(t, 7), now: time.Unix(1_800_000_000, 0)}
+	dst := &smHarness{t: t, sm: openSM(t, 8), now: src.now}
+	src.apply(&shardkvpb.GroupCommand{NextConfig: conf1})
+	dst.apply(&shardkvpb.GroupCommand{NextConfig: conf1})
+	HS, HD := shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL
+	for i, k := range keys[:6] {
+		var kv []string
+		for j := range 50 * (i + 1) {
+			kv = append(kv, fmt.Sprint("f", j), fmt.Sprint(i, "-", j))
+		}
+		src.write(op(HS, k, fields(kv...)))
+	}
+	src.write(op(shardkvpb.WriteOp_PUT, "str1", val("plain")))
+	// A dead version before the snapshot: not to travel.
+	src.write(op(shardkvpb.WriteOp_DELETE, keys[0]))
+	src.apply(&shardkvpb.GroupCommand{NextConfig: conf2})
+	dst.apply(&shardkvpb.GroupCommand{NextConfig: conf2})
+	var sent int
+	if err := src.sm.StreamShard(s, nil, false, func(c *shardkvpb.ShardChunk) error {
+		at := dst.sm.Shard(s)
+		for _, kv := range c.Kvs {
+			if _, v, _, ok := elemOf(kv.Key); ok {
+				sent++
+				if k, _, _, _ := elemOf(kv.Key); string(k) == keys[0] {
+					t.Errorf("an element of a dead version travelled (version %d)", v)
+				}
+			}
+		}
+		if r := dst.apply(&shardkvpb.GroupCommand{Insert: &shardkvpb.InsertChunk{Shard: s, ConfigNum: 2, Precopy: true, AfterKey: at.Resume, Resume: at.Resumed,
+			Kvs: c.Kvs, Last: c.Last, TotalKeys: c.TotalKeys, SourceIndex: c.SourceIndex, LogTimeNs: c.LogTimeNs}}); r != nil {
+			return fmt.Errorf("snapshot chunk: %v", r)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := 50 * (2 + 3 + 4 + 5 + 6); sent != want {
+		t.Fatalf("the snapshot sent %d elements, want the live %d", sent, want)
+	}
+	round := func(num uint64, precopy, frozen bool) {
+		t.Helper()
+		at := dst.sm.Shard(s)
+		if err := src.sm.StreamChanges(s, at.Cursor, at.SessionsAt, frozen, 0, func(c *shardkvpb.ShardChunk) error {
+			cur := dst.sm.Shard(s)
+			if r := dst.apply(&shardkvpb.GroupCommand{Insert: &shardkvpb.InsertChunk{Shard: s, ConfigNum: num, Precopy: precopy, Delta: true,
+				Cursor: cur.Cursor, NextCursor: c.NextCursor, Kvs: c.Kvs, Last: c.Last, CaughtUp: c.CaughtUp,
+				SourceIndex: c.SourceIndex, LogTimeNs: c.LogTimeNs, SessionsAt: c.SessionsAt}}); r != nil {
+				return fmt.Errorf("round chunk: %v", r)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Round 1: field writes, a delete and re-create, a hash emptied.
+	src.write(op(HS, keys[1], fields("f0", "changed", "new", "1")))
+	src.write(op(HD, keys[1], names("f1", "f2")))
+	src.write(op(shardkvpb.WriteOp_DELETE, keys[2]))
+	src.write(op(HS, keys[2], fields("again", "yes")))
+	var all []string
+	for j := range 200 {
+		all = append(all, fmt.Sprint("f", j))
+	}
+	src.write(op(HD, keys[3], names(all...)))
+	round(2, true, false)
+	// Round 2 (last, frozen): a hash written and then deleted since the
+	// last round; its elements still wait for the source's collection.
+	src.write(op(HS, keys[4], fields("late", "1")))
+	src.write(op(shardkvpb.WriteOp_DELETE, keys[4]))
+	src.write(op(shardkvpb.WriteOp_RENAME, keys[5], dest(keys[0])))
+	// A hash born after the snapshot and dead before the round: the copy
+	// never holds its record, so nothing there would mark its elements.
+	src.write(op(HS, keys[6], fields("born", "1", "late", "2")))
+	src.write(op(shardkvpb.WriteOp_DELETE, keys[6]))
+	want := map[string]map[string]string{}
+	for _, k := range keys {
+		want[k] = src.hash(k)
+	}
+	src.apply(&shardkvpb.GroupCommand{NextConfig: conf3})
+	dst.apply(&shardkvpb.GroupCommand{NextConfig: conf3})
+	round(3, false, true)
+	if m := dst.sm.Shard(s); m.State != Acking {
+		t.Fatalf("target after the last round: %v", m)
+	}
+	total := 0
+	for _, k := range keys {
+		want, got := want[k], dst.hash(k)
+		if !maps.Equal(want, got) {
+			t.Errorf("hash %s: source %d fields, copy %d (%v)", k, len(want), len(got), slices.Sorted(maps.Keys(got))[:min(5, len(got))])
+		}
+		total += len(want)
+	}
+	if dst.get("str1") != "plain" {
+		t.Errorf("the string did not travel")
+	}
+	dst.collectAll()
+	if got := countPrefix(t, dst.sm, append(shardPrefix(s), tagElem)); got != total {
+		t.Fatalf("the copy holds %d elements after its collection, want the %d of its live hashes", got, total)
+	}
+}
