@@ -169,3 +169,55 @@ func (c *Client) getElems(ctx context.Context, req *shardkvpb.ReadElemsRequest) 
 	}
 	return rep, nil
 }
+
+// Sets: a key holding distinct members (docs/types.md), written and read
+// as hashes are.
+
+// typeSet is pkg/shardkv's TypeSet.
+const typeSet = 3
+
+// SAdd adds members to key's set, creating it, and returns how many it
+// added.
+func (c *Client) SAdd(ctx context.Context, key string, members ...string) (int64, error) {
+	return c.members(ctx, shardkvpb.WriteOp_SADD, key, members)
+}
+
+// SRem removes members of key's set and returns how many it removed; the
+// set goes with its last member.
+func (c *Client) SRem(ctx context.Context, key string, members ...string) (int64, error) {
+	return c.members(ctx, shardkvpb.WriteOp_SREM, key, members)
+}
+
+func (c *Client) members(ctx context.Context, kind shardkvpb.WriteOp_Kind, key string, members []string) (int64, error) {
+	op := &shardkvpb.WriteOp{Kind: kind, Key: []byte(key)}
+	for _, m := range members {
+		op.Fields = append(op.Fields, []byte(m))
+	}
+	r, err := c.write(ctx, op)
+	if err != nil {
+		return 0, err
+	}
+	return r.Num, nil
+}
+
+// SMembers reads key's whole set, in member order (empty: no set).
+func (c *Client) SMembers(ctx context.Context, key string) ([]string, error) {
+	rep, err := c.getElems(ctx, &shardkvpb.ReadElemsRequest{Key: []byte(key), Type: typeSet, All: true})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(rep.Elems))
+	for i, e := range rep.Elems {
+		out[i] = string(e.Field)
+	}
+	return out, nil
+}
+
+// SIsMember reports whether member is in key's set.
+func (c *Client) SIsMember(ctx context.Context, key, member string) (bool, error) {
+	rep, err := c.getElems(ctx, &shardkvpb.ReadElemsRequest{Key: []byte(key), Type: typeSet, Fields: [][]byte{[]byte(member)}})
+	if err != nil {
+		return false, err
+	}
+	return len(rep.Elems) == 1 && rep.Elems[0].Found, nil
+}

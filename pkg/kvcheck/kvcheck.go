@@ -19,7 +19,9 @@
 // # The model
 //
 // Every key is an independent register holding a string, initially "" (a
-// key that does not exist reads as ""; the workload never deletes). A get
+// key that does not exist reads as ""; the workload never deletes), or a
+// hash or a set (the hset, hdel, hget, hgetall and sadd, srem, smembers
+// kinds; a set is the hash of its members, each with the value ""). A get
 // must return the register's value; a put sets it; an append appends to it.
 // Write values should be unique (the workload's are) so that porcupine can
 // tell them apart. An operation whose call returned an error is recorded
@@ -90,6 +92,12 @@ const (
 	HDel    Kind = "hdel"
 	HGet    Kind = "hget"
 	HGetAll Kind = "hgetall"
+	// Set operations: a set is a hash whose fields are its members, each
+	// with the value "": sadd adds Field, srem removes it, smembers reads
+	// the set (Output: EncodeSet).
+	SAdd     Kind = "sadd"
+	SRem     Kind = "srem"
+	SMembers Kind = "smembers"
 )
 
 // Op is one recorded operation.
@@ -114,7 +122,7 @@ type Op struct {
 // IsWrite reports whether o is a put or an append.
 func (o Op) IsWrite() bool { return !o.Kind.read() }
 
-func (k Kind) read() bool { return k == Get || k == HGet || k == HGetAll }
+func (k Kind) read() bool { return k == Get || k == HGet || k == HGetAll || k == SMembers }
 
 func (o Op) String() string {
 	var s string
@@ -364,7 +372,7 @@ type output struct {
 
 // fieldArg is ", field" for an operation on one field of a hash.
 func fieldArg(k Kind, field string) string {
-	if k == HGet || k == HSet || k == HDel {
+	if k == HGet || k == HSet || k == HDel || k == SAdd || k == SRem {
 		return fmt.Sprintf(", %q", field)
 	}
 	return ""
@@ -382,6 +390,16 @@ func EncodeHash(h map[string]string) string {
 		fmt.Fprintf(&b, "%q=%q", f, h[f])
 	}
 	return b.String()
+}
+
+// EncodeSet is the canonical form of a set (smembers' Output): the hash
+// of its members, each with the value "".
+func EncodeSet(members []string) string {
+	h := make(map[string]string, len(members))
+	for _, m := range members {
+		h[m] = ""
+	}
+	return EncodeHash(h)
 }
 
 func decodeHash(s string) map[string]string {
@@ -432,7 +450,7 @@ func model(keys []string) porcupine.Model {
 				return true, i.value
 			case Append:
 				return true, st + i.value
-			case HGetAll:
+			case HGetAll, SMembers:
 				return !o.unknown && o.value == st, st
 			}
 			h := decodeHash(st)
@@ -441,7 +459,9 @@ func model(keys []string) porcupine.Model {
 				return !o.unknown && o.value == h[i.field], st
 			case HSet:
 				h[i.field] = i.value
-			case HDel:
+			case SAdd:
+				h[i.field] = ""
+			case HDel, SRem:
 				delete(h, i.field)
 			}
 			return true, EncodeHash(h)
@@ -457,7 +477,7 @@ func model(keys []string) porcupine.Model {
 			if i.kind.read() {
 				return fmt.Sprintf("%s(%s%s) -> %q", i.kind, i.key, fieldArg(i.kind, i.field), o.value)
 			}
-			if i.kind == HSet || i.kind == HDel {
+			if i.kind == HSet || i.kind == HDel || i.kind == SAdd || i.kind == SRem {
 				i.key += ", " + i.field
 			}
 			res := "ok"
@@ -488,7 +508,7 @@ func Check(ops []Op, timeout time.Duration) (Result, error) {
 	keySet := map[string]bool{}
 	for i, o := range ops {
 		switch o.Kind {
-		case Get, Put, Append, HSet, HDel, HGet, HGetAll:
+		case Get, Put, Append, HSet, HDel, HGet, HGetAll, SAdd, SRem, SMembers:
 		default:
 			return res, fmt.Errorf("kvcheck: op %d: unknown kind %q", i, o.Kind)
 		}

@@ -395,8 +395,13 @@ func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 		return a.mutatePair(s, op)
 	case shardkvpb.WriteOp_MSET_NX:
 		return a.msetNX(s, op)
-	case shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT:
-		return a.mutateHash(s, op)
+	case shardkvpb.WriteOp_SMOVE:
+		return a.smove(s, op)
+	case shardkvpb.WriteOp_SSTORE:
+		return a.sstore(s, op)
+	}
+	if collType(op.Kind) != TypeString {
+		return a.mutateColl(s, op)
 	}
 	old, err := a.get(dataKey(s, op.Key))
 	if err != nil {

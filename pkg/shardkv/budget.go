@@ -176,7 +176,24 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 			v = 20
 		case shardkvpb.WriteOp_INCR_FLOAT:
 			v = maxFloatValue
-		case shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT:
+		case shardkvpb.WriteOp_SPOP:
+			v = collMetaLen
+			// Members are unknown before apply: counted at 64 bytes each
+			// (longer ones may be refused at apply, COMMAND_TOO_LARGE).
+			for range op.Delta {
+				b.addElem(k, 64, 0)
+			}
+		case shardkvpb.WriteOp_SMOVE, shardkvpb.WriteOp_SSTORE:
+			// Two records and two elements; SSTORE's result is counted at
+			// apply (COMMAND_TOO_LARGE past the entry's budget).
+			v = collMetaLen
+			b.addKey(len(op.Dest), collMetaLen)
+			for _, f := range op.Fields {
+				b.addElem(k, len(f), 0)
+				b.addElem(len(op.Dest), len(f), 0)
+			}
+		case shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT,
+			shardkvpb.WriteOp_SADD, shardkvpb.WriteOp_SREM:
 			// The fields, and the record's metadata (below).
 			v = collMetaLen
 			for i, f := range op.Fields {

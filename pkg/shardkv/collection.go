@@ -220,7 +220,7 @@ func (a *applyCtx) copyElems(s int, key []byte, src *record, dst []byte, old, ne
 	if err != nil {
 		return shardkvpb.OpErrBadRecord, nil
 	}
-	elems, err := a.scanElems(elemPrefix(s, key, m.Version), maxCopyElems+1)
+	elems, err := a.scanElems(elemPrefix(s, key, m.Version), nil, maxCopyElems+1)
 	if err != nil {
 		return "", err
 	}
@@ -247,17 +247,22 @@ func (a *applyCtx) copyElems(s int, key []byte, src *record, dst []byte, old, ne
 
 type rawKV struct{ k, v []byte }
 
-// scanElems returns up to limit records under prefix in key order, as the
-// current entry sees them: storage overlaid with the entry's own buffered
-// writes.
-func (a *applyCtx) scanElems(prefix []byte, limit int) ([]rawKV, error) {
+// scanElems returns up to limit records under prefix in key order, from
+// key from on (nil: the first), as the current entry sees them: storage
+// overlaid with the entry's own buffered writes.
+func (a *applyCtx) scanElems(prefix, from []byte, limit int) ([]rawKV, error) {
 	var out []rawKV
 	extra := 0
 	if a.buf != nil {
 		extra = len(a.buf.order)
 	}
 	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
-	for it.Rewind(); it.Valid() && len(out) < limit+extra; it.Next() {
+	if from == nil {
+		it.Rewind()
+	} else {
+		it.Seek(from)
+	}
+	for ; it.Valid() && len(out) < limit+extra; it.Next() {
 		v, err := it.Item().ValueCopy(nil)
 		if err != nil {
 			it.Close()
@@ -272,7 +277,7 @@ func (a *applyCtx) scanElems(prefix []byte, limit int) ([]rawKV, error) {
 			m[string(e.k)] = i
 		}
 		for _, k := range a.buf.order {
-			if !bytes.HasPrefix([]byte(k), prefix) {
+			if !bytes.HasPrefix([]byte(k), prefix) || (from != nil && k < string(from)) {
 				continue
 			}
 			w := a.buf.m[k]

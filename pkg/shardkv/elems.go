@@ -41,17 +41,42 @@ type ElemsReply struct {
 // ReadElems reads key's collection from local state, judged at the log
 // time of the state read (as GetEntry). reserve, if set, is asked for
 // each element's size before it is kept (ErrReadLimit when it refuses).
-func (sm *StateMachine) ReadElems(key []byte, q ElemQuery, reserve func(int) bool) (r ElemsReply, code Code, err error) {
+func (sm *StateMachine) ReadElems(key []byte, q ElemQuery, reserve func(int) bool) (ElemsReply, Code, error) {
+	rs, code, err := sm.ReadElemsOf([][]byte{key}, q, reserve)
+	if len(rs) == 0 {
+		return ElemsReply{}, code, err
+	}
+	return rs[0], code, err
+}
+
+// ReadElemsOf reads the collections at keys as ReadElems does, all from
+// one view of the state (SINTER and the like see one point of the log).
+// code refuses the first key not served here.
+func (sm *StateMachine) ReadElemsOf(keys [][]byte, q ElemQuery, reserve func(int) bool) (rs []ElemsReply, code Code, err error) {
 	err = sm.store.DB().View(func(txn *badger.Txn) error {
 		ns, err := logTime(txn)
 		if err != nil {
 			return err
 		}
+		for _, key := range keys {
+			var r ElemsReply
+			r, code, err = sm.readElems(txn, key, q, ns/1e6, reserve)
+			if err != nil || code != OK {
+				return err
+			}
+			rs = append(rs, r)
+		}
+		return nil
+	})
+	return rs, code, err
+}
+
+func (sm *StateMachine) readElems(txn *badger.Txn, key []byte, q ElemQuery, nowMs int64, reserve func(int) bool) (r ElemsReply, code Code, err error) {
+	err = func() error {
 		var s int
 		if s, code = sm.route(key); code != OK {
 			return nil
 		}
-		nowMs := ns / 1e6
 		r.Entry = ValueEntry{NowMs: nowMs}
 		v, err := raftgroup.GetValue(txn, dataKey(s, key))
 		if err != nil || v == nil {
@@ -116,6 +141,6 @@ func (sm *StateMachine) ReadElems(key []byte, q ElemQuery, reserve func(int) boo
 			n++
 		}
 		return nil
-	})
+	}()
 	return r, code, err
 }

@@ -94,17 +94,30 @@ func (g *Group) readBarrier(ctx context.Context, keys [][]byte, followerReads bo
 // ReadKeys reads values (reserve: each element's size, ErrReadLimit when
 // it refuses).
 func (g *Group) ReadElems(ctx context.Context, key []byte, q ElemQuery, followerReads bool, reserve func(bytes int) bool) (ElemsReply, error) {
-	if err := g.readBarrier(ctx, [][]byte{key}, followerReads); err != nil {
+	rs, err := g.ReadElemsOf(ctx, [][]byte{key}, q, followerReads, reserve)
+	if len(rs) == 0 {
 		return ElemsReply{}, err
 	}
-	r, code, err := g.sm.ReadElems(key, q, reserve)
+	return rs[0], err
+}
+
+// ReadElemsOf reads the collections at keys (of one shard) as ReadElems
+// does, all at one point of the log (SINTER, SUNION, SDIFF).
+func (g *Group) ReadElemsOf(ctx context.Context, keys [][]byte, q ElemQuery, followerReads bool, reserve func(bytes int) bool) ([]ElemsReply, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	if err := g.readBarrier(ctx, keys, followerReads); err != nil {
+		return nil, err
+	}
+	rs, code, err := g.sm.ReadElemsOf(keys, q, reserve)
 	switch {
 	case err != nil:
-		return r, err
+		return rs, err
 	case code != OK:
-		return r, g.refuse(key, code, !followerReads)
+		return nil, g.refuse(keys[len(rs)], code, !followerReads)
 	}
-	return r, nil
+	return rs, nil
 }
 
 // WriteOutcome is one op's outcome: a result, or a *shardkvpb.Refusal.

@@ -284,7 +284,7 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 		n = 8 + g.intn(24)
 	}
 	for i := range n {
-		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(int(shardkvpb.WriteOp_HINCR_FLOAT) + 1)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
+		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(int(shardkvpb.WriteOp_SSTORE) + 1)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
 			ReturnPrev: g.intn(3) == 0, KeepTtl: g.intn(5) == 0, Delta: int64(g.byte()) - 128, ExpectAbsent: g.intn(2) == 0}
 		if many {
 			op.Kind, op.Key = shardkvpb.WriteOp_Kind(i%3), fmt.Appendf(nil, "{0}m%d", i)
@@ -311,7 +311,16 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 			if g.intn(4) == 0 {
 				op.Delta = int64(cmd.MaxValueBytes) - int64(g.intn(64)) // at the limit
 			}
-		case shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT:
+		case shardkvpb.WriteOp_SSTORE:
+			op.Dest, op.Delta = g.key(), int64(g.intn(4)) // 3: refused
+			for range g.intn(3) {
+				op.MoreKeys = append(op.MoreKeys, g.key())
+			}
+		case shardkvpb.WriteOp_SPOP:
+			op.Delta = int64(g.intn(6)) // 0: refused
+		case shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT,
+			shardkvpb.WriteOp_SADD, shardkvpb.WriteOp_SREM, shardkvpb.WriteOp_SMOVE:
+			op.Dest = g.key()
 			// At times no field, or a field value missing: INVALID_OP.
 			for range g.intn(5) {
 				f := fmt.Appendf(nil, "f%d", g.intn(4))

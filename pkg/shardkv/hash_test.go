@@ -394,3 +394,108 @@ func TestHashesMigrate(t *testing.T) {
 		t.Fatalf("the copy holds %d elements after its collection, want the %d of its live hashes", got, total)
 	}
 }
+
+func members(m ...string) func(*shardkvpb.WriteOp) { return names(m...) }
+
+// set reads key's set whole as sorted members (nil: absent).
+func (h *smHarness) set(key string) []string {
+	h.t.Helper()
+	r, code, err := h.sm.ReadElems([]byte(key), ElemQuery{Type: TypeSet, All: true}, nil)
+	if err != nil || code != OK {
+		h.t.Fatalf("read set %q: %v %v", key, code, err)
+	}
+	if !r.Entry.Found {
+		return nil
+	}
+	if r.Entry.Type != TypeSet {
+		return []string{"WRONGTYPE " + r.Entry.Type.String()}
+	}
+	out := []string{}
+	for _, e := range r.Elems {
+		out = append(out, string(e.Field))
+	}
+	if int64(len(out)) != r.Len {
+		h.t.Fatalf("set %q: %d members, its record says %d", key, len(out), r.Len)
+	}
+	return out
+}
+
+// TestSetOps: SADD and SREM count what they change and the set goes with
+// its last member; SPOP removes what it returns, the same on every replica
+// (the entry's random source); SMOVE moves between sets of one shard;
+// SSTORE stores intersection, union and difference; WRONGTYPE both ways.
+func TestSetOps(t *testing.T) {
+	h := newSMHarness(t)
+	SA, SR := shardkvpb.WriteOp_SADD, shardkvpb.WriteOp_SREM
+	if r := h.write(op(SA, "{s}a", members("x", "y", "z", "x"))); r.Result.Num != 3 {
+		t.Fatalf("sadd: %v", r.Result)
+	}
+	if r := h.write(op(SA, "{s}a", members("x", "w"))); r.Result.Num != 1 {
+		t.Fatalf("sadd again: %v", r.Result)
+	}
+	if got := h.set("{s}a"); !slices.Equal(got, []string{"w", "x", "y", "z"}) {
+		t.Fatalf("set: %v", got)
+	}
+	if r := h.write(op(SR, "{s}a", members("w", "nope"))); r.Result.Num != 1 {
+		t.Fatalf("srem: %v", r.Result)
+	}
+	h.write(op(SA, "{s}b", members("y", "q")))
+	for d, want := range map[int64][]string{SetInter: {"y"}, SetUnion: {"q", "x", "y", "z"}, SetDiff: {"x", "z"}} {
+		o := op(shardkvpb.WriteOp_SSTORE, "{s}a", dest("{s}d"), delta(d), func(o *shardkvpb.WriteOp) { o.MoreKeys = [][]byte{[]byte("{s}b"), []byte("{s}none")} })
+		if d == SetInter {
+			o.MoreKeys = o.MoreKeys[:1]
+		}
+		if r := h.write(o); r.Result.Num != int64(len(want)) || !slices.Equal(h.set("{s}d"), want) {
+			t.Fatalf("sstore %d: %v %v, want %v", d, r.Result, h.set("{s}d"), want)
+		}
+	}
+	h.write(op(shardkvpb.WriteOp_PUT, "{s}str", val("1")))
+	if r := h.write(op(shardkvpb.WriteOp_SSTORE, "{s}a", dest("{s}d"), delta(SetUnion), func(o *shardkvpb.WriteOp) { o.MoreKeys = [][]byte{[]byte("{s}str")} })); r.Result.Error != shardkvpb.OpErrWrongType {
+		t.Fatalf("sstore of a string: %v", r.Result)
+	}
+	if r := h.write(op(SA, "{s}str", members("a"))); r.Result.Error != shardkvpb.OpErrWrongType {
+		t.Fatalf("sadd on a string: %v", r.Result)
+	}
+	h.write(op(shardkvpb.WriteOp_HSET, "{s}h", fields("f", "v")))
+	if r := h.write(op(SR, "{s}h", members("f"))); r.Result.Error != shardkvpb.OpErrWrongType {
+		t.Fatalf("srem on a hash: %v", r.Result)
+	}
+	// SMOVE.
+	mv := func(src, dst, m string) *shardkvpb.WriteResult {
+		return h.write(op(shardkvpb.WriteOp_SMOVE, src, dest(dst), members(m))).Result
+	}
+	if r := mv("{s}a", "{s}new", "x"); !r.Ok || !slices.Equal(h.set("{s}a"), []string{"y", "z"}) || !slices.Equal(h.set("{s}new"), []string{"x"}) {
+		t.Fatalf("smove: %v %v %v", r, h.set("{s}a"), h.set("{s}new"))
+	}
+	if r := mv("{s}a", "{s}new", "nope"); r.Ok {
+		t.Fatalf("smove of no member: %v", r)
+	}
+	if r := mv("{s}a", "{s}str", "y"); r.Error != shardkvpb.OpErrWrongType || len(h.set("{s}a")) != 2 {
+		t.Fatalf("smove to a string: %v", r)
+	}
+	if r := mv("{s}new", "{s}a", "x"); !r.Ok || h.set("{s}new") != nil {
+		t.Fatalf("smove of the last member: %v, source %v", r, h.set("{s}new"))
+	}
+	// SPOP: the popped members are gone, the rest stay.
+	var many []string
+	for i := range 2000 {
+		many = append(many, fmt.Sprint("m", i))
+	}
+	for _, size := range []int{10, 2000} {
+		key := fmt.Sprint("{s}pop", size)
+		h.write(op(SA, key, members(many[:size]...)))
+		r := h.write(op(shardkvpb.WriteOp_SPOP, key, delta(3))).Result
+		left := h.set(key)
+		if r.Num != 3 || len(r.Values) != 3 || len(left) != size-3 {
+			t.Fatalf("spop 3 of %d: %v, %d left", size, r, len(left))
+		}
+		for _, v := range r.Values {
+			if slices.Contains(left, string(v)) {
+				t.Fatalf("popped %q is still there", v)
+			}
+		}
+	}
+	if r := h.write(op(shardkvpb.WriteOp_SPOP, "{s}pop10", delta(100))).Result; r.Num != 7 || h.set("{s}pop10") != nil {
+		t.Fatalf("spop of more than the set: %v", r)
+	}
+}

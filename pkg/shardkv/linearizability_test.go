@@ -40,6 +40,7 @@ var slinKeys = []string{"lin-a", "lin-b", "lin-c", "lin-d", "lin-e", "lin-f"}
 // that they move with them; slinFields their fields.
 var (
 	slinHashes = []string{"{lin-a}h", "{lin-a}g", "{lin-c}h", "{lin-c}g"}
+	slinSets   = []string{"{lin-a}s", "{lin-c}s"}
 	slinFields = []string{"a", "b", "c"}
 )
 
@@ -55,8 +56,13 @@ func slinClient(c *client.Client, rec *kvcheck.Recorder, id int, stop <-chan str
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), slinOpTimeout)
-		if rng.IntN(10) < 2 {
+		switch rng.IntN(10) {
+		case 0, 1:
 			slinHashOp(ctx, c, rec, rng, id, seq)
+			cancel()
+			continue
+		case 2:
+			slinSetOp(ctx, c, rec, rng, id, seq)
 			cancel()
 			continue
 		}
@@ -104,6 +110,26 @@ func slinHashOp(ctx context.Context, c *client.Client, rec *kvcheck.Recorder, rn
 		op := rec.Start(id, kvcheck.HGetAll, key, "")
 		h, err := c.HGetAll(ctx, key)
 		finish(op, kvcheck.EncodeHash(h), err)
+	}
+}
+
+// slinSetOp adds or removes a member of one of slinSets, or reads it
+// whole. Members are few, so that adds and removes meet.
+func slinSetOp(ctx context.Context, c *client.Client, rec *kvcheck.Recorder, rng *rand.Rand, id, seq int) {
+	key, m := slinSets[rng.IntN(len(slinSets))], fmt.Sprint("m", rng.IntN(5))
+	switch p := rng.IntN(10); {
+	case p < 4:
+		op := rec.StartField(id, kvcheck.SAdd, key, m, "")
+		_, err := c.SAdd(ctx, key, m)
+		finish(op, "", err)
+	case p < 7:
+		op := rec.StartField(id, kvcheck.SRem, key, m, "")
+		_, err := c.SRem(ctx, key, m)
+		finish(op, "", err)
+	default:
+		op := rec.Start(id, kvcheck.SMembers, key, "")
+		ms, err := c.SMembers(ctx, key)
+		finish(op, kvcheck.EncodeSet(ms), err)
 	}
 }
 
@@ -213,6 +239,16 @@ func slinFinalCheck(t *testing.T, fc *client.Client, rec *kvcheck.Recorder, note
 			t.Fatalf("final read of %s after healing: %v", k, err)
 		}
 		op.Ok(kvcheck.EncodeHash(h))
+	}
+	for _, k := range slinSets {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		op := rec.Start(slinClients, kvcheck.SMembers, k, "")
+		ms, err := fc.SMembers(ctx, k)
+		cancel()
+		if err != nil {
+			t.Fatalf("final read of %s after healing: %v", k, err)
+		}
+		op.Ok(kvcheck.EncodeSet(ms))
 	}
 	hist := rec.History()
 	st := hist.Stats

@@ -116,14 +116,24 @@ func (g *Group) checkFields(op *shardkvpb.WriteOp) error {
 		if len(op.Fields) == 0 || len(op.FieldValues) != len(op.Fields) {
 			return invalid("%d fields but %d values", len(op.Fields), len(op.FieldValues))
 		}
-	case shardkvpb.WriteOp_HDEL:
-		if len(op.Fields) == 0 {
-			return invalid("no field to delete")
+	case shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_SADD, shardkvpb.WriteOp_SREM:
+		if len(op.Fields) == 0 || len(op.FieldValues) != 0 {
+			return invalid("%d fields and %d values: want fields only", len(op.Fields), len(op.FieldValues))
 		}
-	case shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT:
-		if len(op.Fields) != 1 {
+	case shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT, shardkvpb.WriteOp_SMOVE:
+		if len(op.Fields) != 1 || len(op.FieldValues) != 0 {
 			return invalid("%d fields: want 1", len(op.Fields))
 		}
+	case shardkvpb.WriteOp_SPOP:
+		if op.Delta < 1 || op.Delta > maxCopyElems {
+			return invalid("pop count %d: want 1 to %d", op.Delta, maxCopyElems)
+		}
+		return nil
+	case shardkvpb.WriteOp_SSTORE:
+		if op.Delta < 0 || op.Delta > 2 {
+			return invalid("set operation %d: want 0 (inter), 1 (union) or 2 (diff)", op.Delta)
+		}
+		return nil
 	default:
 		if len(op.Fields) > 0 || len(op.FieldValues) > 0 {
 			return invalid("fields on a %v op", op.Kind)
@@ -158,7 +168,7 @@ func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if len(op.Dest) > g.cfg.MaxKeyBytes {
 		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("destination key of %d bytes exceeds the limit of %d", len(op.Dest), g.cfg.MaxKeyBytes), nil)
 	}
-	if op.Kind > shardkvpb.WriteOp_HINCR_FLOAT {
+	if op.Kind > shardkvpb.WriteOp_SSTORE {
 		return invalid("unknown write kind %d", op.Kind)
 	}
 	if err := g.checkFields(op); err != nil {

@@ -75,6 +75,22 @@ const (
 	// HINCR_FLOAT: add the decimal float in `value` to field fields[0].
 	// Value: the new value as stored.
 	WriteOp_HINCR_FLOAT WriteOp_Kind = 17
+	// Set ops (docs/types.md); a key of another type fails WRONGTYPE.
+	// SADD: add `fields` (members), creating the set. Num: members added.
+	WriteOp_SADD WriteOp_Kind = 18
+	// SREM: remove `fields`; the set goes with its last member. Num:
+	// members removed.
+	WriteOp_SREM WriteOp_Kind = 19
+	// SPOP: remove up to `delta` (at least 1) members picked at random
+	// (deterministically from the entry), returned in `values`.
+	WriteOp_SPOP WriteOp_Kind = 20
+	// SMOVE: move member fields[0] from the set at key to the set at
+	// `dest` (same shard). ok: moved.
+	WriteOp_SMOVE WriteOp_Kind = 21
+	// SSTORE: store at `dest` the intersection (delta 0), union (1) or
+	// difference (2) of the sets at key and `more_keys` (all in one
+	// shard), replacing dest whatever its type. Num: the result's size.
+	WriteOp_SSTORE WriteOp_Kind = 22
 )
 
 // Enum value maps for WriteOp_Kind.
@@ -98,6 +114,11 @@ var (
 		15: "HDEL",
 		16: "HINCR",
 		17: "HINCR_FLOAT",
+		18: "SADD",
+		19: "SREM",
+		20: "SPOP",
+		21: "SMOVE",
+		22: "SSTORE",
 	}
 	WriteOp_Kind_value = map[string]int32{
 		"PUT":         0,
@@ -118,6 +139,11 @@ var (
 		"HDEL":        15,
 		"HINCR":       16,
 		"HINCR_FLOAT": 17,
+		"SADD":        18,
+		"SREM":        19,
+		"SPOP":        20,
+		"SMOVE":       21,
+		"SSTORE":      22,
 	}
 )
 
@@ -478,7 +504,9 @@ type WriteResult struct {
 	Error string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
 	// The type of the key before the write, when prev_found (a ValueType of
 	// pkg/shardkv: 0 string, 1 hash, ...).
-	PrevType      uint32 `protobuf:"varint,8,opt,name=prev_type,json=prevType,proto3" json:"prev_type,omitempty"`
+	PrevType uint32 `protobuf:"varint,8,opt,name=prev_type,json=prevType,proto3" json:"prev_type,omitempty"`
+	// SPOP: the members removed.
+	Values        [][]byte `protobuf:"bytes,9,rep,name=values,proto3" json:"values,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -567,6 +595,13 @@ func (x *WriteResult) GetPrevType() uint32 {
 		return x.PrevType
 	}
 	return 0
+}
+
+func (x *WriteResult) GetValues() [][]byte {
+	if x != nil {
+		return x.Values
+	}
+	return nil
 }
 
 type GetRequest struct {
@@ -1775,7 +1810,7 @@ const file_kv_proto_rawDesc = "" +
 	"\aSession\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xe5\x06\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\x9a\a\n" +
 	"\aWriteOp\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.shardkv.v1.WriteOp.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1797,7 +1832,7 @@ const file_kv_proto_rawDesc = "" +
 	"\vmore_values\x18\x0f \x03(\fR\n" +
 	"moreValues\x12\x16\n" +
 	"\x06fields\x18\x10 \x03(\fR\x06fields\x12!\n" +
-	"\ffield_values\x18\x11 \x03(\fR\vfieldValues\"\xdc\x01\n" +
+	"\ffield_values\x18\x11 \x03(\fR\vfieldValues\"\x91\x02\n" +
 	"\x04Kind\x12\a\n" +
 	"\x03PUT\x10\x00\x12\n" +
 	"\n" +
@@ -1822,7 +1857,13 @@ const file_kv_proto_rawDesc = "" +
 	"\x04HSET\x10\x0e\x12\b\n" +
 	"\x04HDEL\x10\x0f\x12\t\n" +
 	"\x05HINCR\x10\x10\x12\x0f\n" +
-	"\vHINCR_FLOAT\x10\x11\"c\n" +
+	"\vHINCR_FLOAT\x10\x11\x12\b\n" +
+	"\x04SADD\x10\x12\x12\b\n" +
+	"\x04SREM\x10\x13\x12\b\n" +
+	"\x04SPOP\x10\x14\x12\t\n" +
+	"\x05SMOVE\x10\x15\x12\n" +
+	"\n" +
+	"\x06SSTORE\x10\x16\"c\n" +
 	"\x04Cond\x12\n" +
 	"\n" +
 	"\x06ALWAYS\x10\x00\x12\r\n" +
@@ -1833,7 +1874,7 @@ const file_kv_proto_rawDesc = "" +
 	"IF_GREATER\x10\x03\x12\v\n" +
 	"\aIF_LESS\x10\x04\x12\x13\n" +
 	"\x0fIF_PRESENT_LESS\x10\x05B\t\n" +
-	"\a_ttl_ms\"\xce\x01\n" +
+	"\a_ttl_ms\"\xe6\x01\n" +
 	"\vWriteResult\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x12\n" +
 	"\x04prev\x18\x02 \x01(\fR\x04prev\x12\x1d\n" +
@@ -1843,7 +1884,8 @@ const file_kv_proto_rawDesc = "" +
 	"\x03num\x18\x05 \x01(\x03R\x03num\x12\x14\n" +
 	"\x05value\x18\x06 \x01(\fR\x05value\x12\x14\n" +
 	"\x05error\x18\a \x01(\tR\x05error\x12\x1b\n" +
-	"\tprev_type\x18\b \x01(\rR\bprevType\"\x1e\n" +
+	"\tprev_type\x18\b \x01(\rR\bprevType\x12\x16\n" +
+	"\x06values\x18\t \x03(\fR\x06values\"\x1e\n" +
 	"\n" +
 	"GetRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\"J\n" +

@@ -7,18 +7,36 @@ import (
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
-// mutateHash runs a hash op (HSET, HDEL, HINCR, HINCR_FLOAT) on key's
-// hash in shard s: the fields' elements, then the record (its size), all
-// in the entry's buffer, so a refusal part way leaves nothing. Pure in
-// the sense of applyOp: every replica computes the same.
-func (a *applyCtx) mutateHash(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, error) {
+// collType is the type a collection op is for (TypeString: not one).
+func collType(k shardkvpb.WriteOp_Kind) ValueType {
+	switch k {
+	case shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT:
+		return TypeHash
+	case shardkvpb.WriteOp_SADD, shardkvpb.WriteOp_SREM, shardkvpb.WriteOp_SPOP:
+		return TypeSet
+	}
+	return TypeString
+}
+
+// removes reports whether a collection op only removes elements: on a
+// missing key it does nothing.
+func removes(k shardkvpb.WriteOp_Kind) bool {
+	return k == shardkvpb.WriteOp_HDEL || k == shardkvpb.WriteOp_SREM || k == shardkvpb.WriteOp_SPOP
+}
+
+// mutateColl runs a hash or set op on the collection at key in shard s:
+// the elements, then the record (its size), all in the entry's buffer, so
+// a refusal part way leaves nothing. Pure in the sense of applyOp: every
+// replica computes the same.
+func (a *applyCtx) mutateColl(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, error) {
+	typ := collType(op.Kind)
 	old, err := a.get(dataKey(s, op.Key))
 	if err != nil {
 		return readFailed(err)
 	}
 	nowMs := a.nowNS / 1e6
 	oldLive := old != nil && old.live(nowMs)
-	if oldLive && old.Type != TypeHash {
+	if oldLive && old.Type != typ {
 		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrWrongType}, nil
 	}
 	if e := a.checkFields(op); e != "" {
@@ -32,8 +50,8 @@ func (a *applyCtx) mutateHash(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrBadRecord}, nil
 		}
 		exp = old.ExpireAtMs
-	case op.Kind == shardkvpb.WriteOp_HDEL:
-		return &shardkvpb.WriteResult{Ok: true}, nil // no hash: nothing to remove
+	case removes(op.Kind):
+		return &shardkvpb.WriteResult{Ok: true}, nil // none: nothing to remove
 	default:
 		if meta.Version, err = a.newVersion(s, op.Key, old); err != nil {
 			return nil, err
@@ -42,7 +60,7 @@ func (a *applyCtx) mutateHash(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 	before := meta
 	res := &shardkvpb.WriteResult{Ok: true}
 	switch op.Kind {
-	case shardkvpb.WriteOp_HSET:
+	case shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_SADD:
 		for i, f := range op.Fields {
 			ek := elemKey(s, op.Key, meta.Version, f)
 			cur, err := a.value(ek)
@@ -56,11 +74,28 @@ func (a *applyCtx) mutateHash(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 				meta.Size++
 				res.Num++
 			}
-			if err := a.setShardRecord(s, ek, elemValue(op.FieldValues[i])); err != nil {
+			var v []byte
+			if op.Kind == shardkvpb.WriteOp_HSET {
+				v = op.FieldValues[i]
+			}
+			if err := a.setShardRecord(s, ek, elemValue(v)); err != nil {
 				return nil, err
 			}
 		}
-	case shardkvpb.WriteOp_HDEL:
+	case shardkvpb.WriteOp_SPOP:
+		picked, err := a.pickElems(s, op.Key, meta, int(op.Delta))
+		if err != nil {
+			return nil, err
+		}
+		for _, ek := range picked {
+			if err := a.delShardRecord(s, ek); err != nil {
+				return nil, err
+			}
+			res.Values = append(res.Values, ek[len(elemPrefix(s, op.Key, meta.Version)):])
+		}
+		meta.Size -= int64(len(picked))
+		res.Num = int64(len(picked))
+	case shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_SREM:
 		for _, f := range op.Fields {
 			ek := elemKey(s, op.Key, meta.Version, f)
 			cur, err := a.value(ek)
@@ -96,7 +131,7 @@ func (a *applyCtx) mutateHash(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 	if meta == before && oldLive {
 		return res, nil // the fields changed, not the record
 	}
-	next := &record{Type: TypeHash, Value: meta.encode(), ExpireAtMs: exp, Index: a.index}
+	next := &record{Type: typ, Value: meta.encode(), ExpireAtMs: exp, Index: a.index}
 	if meta.Size <= 0 {
 		if !oldLive {
 			return res, nil
@@ -116,6 +151,14 @@ func (a *applyCtx) checkFields(op *shardkvpb.WriteOp) string {
 	switch op.Kind {
 	case shardkvpb.WriteOp_HSET:
 		if len(op.Fields) == 0 || len(op.FieldValues) != len(op.Fields) {
+			return shardkvpb.OpErrInvalidOp
+		}
+	case shardkvpb.WriteOp_SADD, shardkvpb.WriteOp_SREM, shardkvpb.WriteOp_HDEL:
+		if len(op.Fields) == 0 || len(op.FieldValues) != 0 {
+			return shardkvpb.OpErrInvalidOp
+		}
+	case shardkvpb.WriteOp_SPOP:
+		if op.Delta < 1 || op.Delta > maxCopyElems {
 			return shardkvpb.OpErrInvalidOp
 		}
 	case shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT:
