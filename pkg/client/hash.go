@@ -221,3 +221,61 @@ func (c *Client) SIsMember(ctx context.Context, key, member string) (bool, error
 	}
 	return len(rep.Elems) == 1 && rep.Elems[0].Found, nil
 }
+
+// Lists (docs/types.md).
+
+// typeList is pkg/shardkv's TypeList.
+const typeList = 2
+
+// LPush pushes values at the head of key's list (the last one ends up
+// first), creating it; RPush at its tail. Both return the new length.
+func (c *Client) LPush(ctx context.Context, key string, values ...string) (int64, error) {
+	return c.members(ctx, shardkvpb.WriteOp_LPUSH, key, values)
+}
+
+// RPush pushes values at the tail of key's list.
+func (c *Client) RPush(ctx context.Context, key string, values ...string) (int64, error) {
+	return c.members(ctx, shardkvpb.WriteOp_RPUSH, key, values)
+}
+
+// LPop removes and returns the first element of key's list (found false:
+// no list); RPop the last.
+func (c *Client) LPop(ctx context.Context, key string) (string, bool, error) {
+	return c.pop(ctx, shardkvpb.WriteOp_LPOP, key)
+}
+
+// RPop removes and returns the last element of key's list.
+func (c *Client) RPop(ctx context.Context, key string) (string, bool, error) {
+	return c.pop(ctx, shardkvpb.WriteOp_RPOP, key)
+}
+
+func (c *Client) pop(ctx context.Context, kind shardkvpb.WriteOp_Kind, key string) (string, bool, error) {
+	r, err := c.write(ctx, &shardkvpb.WriteOp{Kind: kind, Key: []byte(key), Delta: 1})
+	if err != nil || len(r.Values) == 0 {
+		return "", false, err
+	}
+	return string(r.Values[0]), true, nil
+}
+
+// LRange reads the elements of key's list from index start to stop
+// (negative: from the tail), as Redis's LRANGE.
+func (c *Client) LRange(ctx context.Context, key string, start, stop int64) ([]string, error) {
+	rep, err := c.getElems(ctx, &shardkvpb.ReadElemsRequest{Key: []byte(key), Type: typeList, Range: true, Start: start, Stop: stop})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(rep.Elems))
+	for i, e := range rep.Elems {
+		out[i] = string(e.Value)
+	}
+	return out, nil
+}
+
+// LLen is the length of key's list (0: none).
+func (c *Client) LLen(ctx context.Context, key string) (int64, error) {
+	rep, err := c.getElems(ctx, &shardkvpb.ReadElemsRequest{Key: []byte(key), Type: typeList})
+	if err != nil {
+		return 0, err
+	}
+	return rep.Len, nil
+}

@@ -98,6 +98,14 @@ const (
 	SAdd     Kind = "sadd"
 	SRem     Kind = "srem"
 	SMembers Kind = "smembers"
+	// List operations: lpush and rpush push Value, lpop and rpop pop one
+	// element (Output: it, "" if the list was empty: values must not be
+	// empty), lrange reads the whole list (Output: EncodeList).
+	LPush  Kind = "lpush"
+	RPush  Kind = "rpush"
+	LPop   Kind = "lpop"
+	RPop   Kind = "rpop"
+	LRange Kind = "lrange"
 )
 
 // Op is one recorded operation.
@@ -122,7 +130,12 @@ type Op struct {
 // IsWrite reports whether o is a put or an append.
 func (o Op) IsWrite() bool { return !o.Kind.read() }
 
-func (k Kind) read() bool { return k == Get || k == HGet || k == HGetAll || k == SMembers }
+func (k Kind) read() bool {
+	return k == Get || k == HGet || k == HGetAll || k == SMembers || k == LRange
+}
+
+// returns reports whether a write's Output matters (a pop's element).
+func (k Kind) returns() bool { return k == LPop || k == RPop }
 
 func (o Op) String() string {
 	var s string
@@ -232,8 +245,10 @@ func (r *Recorder) StartField(client int, kind Kind, key, field, value string) P
 // (ignored for writes).
 func (p Pending) Ok(output string) {
 	p.op.Return = p.r.Now()
-	if p.op.Kind.read() {
+	if p.op.Kind.read() || p.op.Kind.returns() {
 		p.op.Output = output
+	}
+	if p.op.Kind.read() {
 		p.r.okGets.Add(1)
 	} else {
 		p.r.okWrites.Add(1)
@@ -392,6 +407,54 @@ func EncodeHash(h map[string]string) string {
 	return b.String()
 }
 
+// EncodeList is the canonical form of a list (lrange's Output and the
+// model's state): its elements quoted, joined by spaces.
+func EncodeList(elems []string) string {
+	q := make([]string, len(elems))
+	for i, e := range elems {
+		q[i] = strconv.Quote(e)
+	}
+	return strings.Join(q, " ")
+}
+
+func decodeList(s string) []string {
+	var out []string
+	for s != "" {
+		v, rest, ok := cutQuoted(s)
+		if !ok {
+			break
+		}
+		out = append(out, v)
+		s = strings.TrimPrefix(rest, " ")
+	}
+	return out
+}
+
+// listStep is a push or a pop on the list state st. A pop with an unknown
+// outcome may have popped anything: only its effect counts.
+func listStep(k Kind, st, v string, o output) (bool, any) {
+	l := decodeList(st)
+	switch k {
+	case LPush:
+		l = append([]string{v}, l...)
+	case RPush:
+		l = append(l, v)
+	default:
+		got := ""
+		if len(l) > 0 {
+			if k == LPop {
+				got, l = l[0], l[1:]
+			} else {
+				got, l = l[len(l)-1], l[:len(l)-1]
+			}
+		}
+		if !o.unknown && o.value != got {
+			return false, st
+		}
+	}
+	return true, EncodeList(l)
+}
+
 // EncodeSet is the canonical form of a set (smembers' Output): the hash
 // of its members, each with the value "".
 func EncodeSet(members []string) string {
@@ -450,8 +513,10 @@ func model(keys []string) porcupine.Model {
 				return true, i.value
 			case Append:
 				return true, st + i.value
-			case HGetAll, SMembers:
+			case HGetAll, SMembers, LRange:
 				return !o.unknown && o.value == st, st
+			case LPush, RPush, LPop, RPop:
+				return listStep(i.kind, st, i.value, o)
 			}
 			h := decodeHash(st)
 			switch i.kind {
@@ -508,7 +573,7 @@ func Check(ops []Op, timeout time.Duration) (Result, error) {
 	keySet := map[string]bool{}
 	for i, o := range ops {
 		switch o.Kind {
-		case Get, Put, Append, HSet, HDel, HGet, HGetAll, SAdd, SRem, SMembers:
+		case Get, Put, Append, HSet, HDel, HGet, HGetAll, SAdd, SRem, SMembers, LPush, RPush, LPop, RPop, LRange:
 		default:
 			return res, fmt.Errorf("kvcheck: op %d: unknown kind %q", i, o.Kind)
 		}

@@ -400,7 +400,10 @@ func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 	case shardkvpb.WriteOp_SSTORE:
 		return a.sstore(s, op)
 	}
-	if collType(op.Kind) != TypeString {
+	switch collType(op.Kind) {
+	case TypeList:
+		return a.mutateList(s, op)
+	case TypeHash, TypeSet:
 		return a.mutateColl(s, op)
 	}
 	old, err := a.get(dataKey(s, op.Key))

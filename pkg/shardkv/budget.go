@@ -176,6 +176,30 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 			v = 20
 		case shardkvpb.WriteOp_INCR_FLOAT:
 			v = maxFloatValue
+		case shardkvpb.WriteOp_LPUSH, shardkvpb.WriteOp_RPUSH:
+			v = collMetaLen
+			for _, f := range op.Fields {
+				b.addElem(k, 8, len(f))
+			}
+		case shardkvpb.WriteOp_LPOP, shardkvpb.WriteOp_RPOP:
+			v = collMetaLen
+			for range op.Delta {
+				b.addElem(k, 8, 0)
+			}
+		case shardkvpb.WriteOp_LSET:
+			v = collMetaLen
+			b.addElem(k, 8, len(op.Value))
+		case shardkvpb.WriteOp_LMOVE:
+			// The element moved is at most the value limit.
+			v = collMetaLen
+			b.addKey(len(op.Dest), collMetaLen)
+			b.addElem(k, 8, 0)
+			b.addElem(len(op.Dest), 8, maxValue)
+		case shardkvpb.WriteOp_LTRIM, shardkvpb.WriteOp_LREM, shardkvpb.WriteOp_LINSERT:
+			// What they rewrite is known at apply (COMMAND_TOO_LARGE past
+			// the entry's budget).
+			v = collMetaLen
+			b.addElem(k, 8, len(op.Value))
 		case shardkvpb.WriteOp_SPOP:
 			v = collMetaLen
 			// Members are unknown before apply: counted at 64 bytes each

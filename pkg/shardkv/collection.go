@@ -47,18 +47,21 @@ func (t ValueType) String() string {
 // collection reports whether values of the type have elements.
 func (t ValueType) collection() bool { return t != TypeString }
 
-// collMeta is a collection record's value: the version its elements carry
-// and how many there are.
+// collMeta is a collection record's value: the version its elements carry,
+// how many there are, and a list's head (the position of its first
+// element; element i is at Head+i).
 type collMeta struct {
 	Version uint64
 	Size    int64
+	Head    int64
 }
 
-const collMetaLen = 16
+const collMetaLen = 24
 
 func (m collMeta) encode() []byte {
 	b := binary.BigEndian.AppendUint64(make([]byte, 0, collMetaLen), m.Version)
-	return binary.BigEndian.AppendUint64(b, uint64(m.Size))
+	b = binary.BigEndian.AppendUint64(b, uint64(m.Size))
+	return binary.BigEndian.AppendUint64(b, uint64(m.Head))
 }
 
 var errBadMeta = errors.New("bad collection metadata")
@@ -67,7 +70,8 @@ func decodeCollMeta(b []byte) (collMeta, error) {
 	if len(b) < collMetaLen {
 		return collMeta{}, errBadMeta
 	}
-	return collMeta{Version: binary.BigEndian.Uint64(b), Size: int64(binary.BigEndian.Uint64(b[8:]))}, nil
+	return collMeta{Version: binary.BigEndian.Uint64(b), Size: int64(binary.BigEndian.Uint64(b[8:])),
+		Head: int64(binary.BigEndian.Uint64(b[16:]))}, nil
 }
 
 // versionOf is the version of a collection record (0: none, or not a live

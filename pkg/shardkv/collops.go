@@ -14,6 +14,9 @@ func collType(k shardkvpb.WriteOp_Kind) ValueType {
 		return TypeHash
 	case shardkvpb.WriteOp_SADD, shardkvpb.WriteOp_SREM, shardkvpb.WriteOp_SPOP:
 		return TypeSet
+	case shardkvpb.WriteOp_LPUSH, shardkvpb.WriteOp_RPUSH, shardkvpb.WriteOp_LPOP, shardkvpb.WriteOp_RPOP, shardkvpb.WriteOp_LSET,
+		shardkvpb.WriteOp_LTRIM, shardkvpb.WriteOp_LREM, shardkvpb.WriteOp_LINSERT, shardkvpb.WriteOp_LMOVE:
+		return TypeList
 	}
 	return TypeString
 }

@@ -19,6 +19,10 @@ type ElemQuery struct {
 	All   bool
 	After []byte
 	Count int
+	// Range: a list's elements from index Start to Stop, inclusive, with
+	// Redis's LRANGE rules (negative: from the tail; clipped).
+	Range       bool
+	Start, Stop int64
 }
 
 // Elem is one element of a collection: a hash field and its value, a set
@@ -110,6 +114,23 @@ func (sm *StateMachine) readElems(txn *badger.Txn, key []byte, q ElemQuery, nowM
 			}
 			if !keep(Elem{Field: f, Value: elemPayload(ev), Found: ev != nil}) {
 				return ErrReadLimit
+			}
+		}
+		if q.Range {
+			start, stop, n := q.Start, q.Stop, m.Size
+			if start < 0 {
+				start = max(start+n, 0)
+			}
+			if stop < 0 {
+				stop += n
+			}
+			stop = min(stop, n-1)
+			if start > stop {
+				return nil
+			}
+			q.All, q.After, q.Count = true, posKey(m.Head+start-1), int(stop-start+1)
+			if start == 0 && m.Head == minListPos {
+				q.After = nil
 			}
 		}
 		if !q.All {

@@ -284,7 +284,7 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 		n = 8 + g.intn(24)
 	}
 	for i := range n {
-		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(int(shardkvpb.WriteOp_SSTORE) + 1)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
+		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(int(shardkvpb.WriteOp_LMOVE) + 1)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
 			ReturnPrev: g.intn(3) == 0, KeepTtl: g.intn(5) == 0, Delta: int64(g.byte()) - 128, ExpectAbsent: g.intn(2) == 0}
 		if many {
 			op.Kind, op.Key = shardkvpb.WriteOp_Kind(i%3), fmt.Appendf(nil, "{0}m%d", i)
@@ -316,8 +316,18 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 			for range g.intn(3) {
 				op.MoreKeys = append(op.MoreKeys, g.key())
 			}
-		case shardkvpb.WriteOp_SPOP:
+		case shardkvpb.WriteOp_SPOP, shardkvpb.WriteOp_LPOP, shardkvpb.WriteOp_RPOP:
 			op.Delta = int64(g.intn(6)) // 0: refused
+		case shardkvpb.WriteOp_LPUSH, shardkvpb.WriteOp_RPUSH:
+			for range g.intn(5) {
+				op.Fields = append(op.Fields, g.value())
+			}
+		case shardkvpb.WriteOp_LSET, shardkvpb.WriteOp_LTRIM, shardkvpb.WriteOp_LREM, shardkvpb.WriteOp_LINSERT, shardkvpb.WriteOp_LMOVE:
+			op.Delta, op.Stop = int64(g.intn(9))-4, int64(g.intn(9))-4
+			if op.Kind == shardkvpb.WriteOp_LINSERT || op.Kind == shardkvpb.WriteOp_LMOVE {
+				op.Delta = int64(g.intn(3)) // 2: refused before proposing
+			}
+			op.Value, op.Expect, op.Dest = g.value(), g.value(), g.key()
 		case shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT,
 			shardkvpb.WriteOp_SADD, shardkvpb.WriteOp_SREM, shardkvpb.WriteOp_SMOVE:
 			op.Dest = g.key()

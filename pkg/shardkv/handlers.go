@@ -109,7 +109,7 @@ const maxElemsReply = 64 << 20
 
 // GetElems reads elements of a collection (ReadElems) for the Go client.
 func (g *Group) GetElems(ctx context.Context, req *shardkvpb.ReadElemsRequest) (*shardkvpb.ReadElemsReply, error) {
-	q := ElemQuery{Type: ValueType(req.Type), Fields: req.Fields, All: req.All, Count: int(req.Count)}
+	q := ElemQuery{Type: ValueType(req.Type), Fields: req.Fields, All: req.All, Count: int(req.Count), Range: req.Range, Start: req.Start, Stop: req.Stop}
 	if req.HasAfter {
 		q.After = req.After
 		if q.After == nil {

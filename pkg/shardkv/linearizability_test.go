@@ -41,6 +41,7 @@ var slinKeys = []string{"lin-a", "lin-b", "lin-c", "lin-d", "lin-e", "lin-f"}
 var (
 	slinHashes = []string{"{lin-a}h", "{lin-a}g", "{lin-c}h", "{lin-c}g"}
 	slinSets   = []string{"{lin-a}s", "{lin-c}s"}
+	slinLists  = []string{"{lin-a}l", "{lin-c}l"}
 	slinFields = []string{"a", "b", "c"}
 )
 
@@ -63,6 +64,10 @@ func slinClient(c *client.Client, rec *kvcheck.Recorder, id int, stop <-chan str
 			continue
 		case 2:
 			slinSetOp(ctx, c, rec, rng, id, seq)
+			cancel()
+			continue
+		case 3:
+			slinListOp(ctx, c, rec, rng, id, seq)
 			cancel()
 			continue
 		}
@@ -130,6 +135,35 @@ func slinSetOp(ctx context.Context, c *client.Client, rec *kvcheck.Recorder, rng
 		op := rec.Start(id, kvcheck.SMembers, key, "")
 		ms, err := c.SMembers(ctx, key)
 		finish(op, kvcheck.EncodeSet(ms), err)
+	}
+}
+
+// slinListOp pushes a unique value at either end of one of slinLists,
+// pops from either end, or reads it whole.
+func slinListOp(ctx context.Context, c *client.Client, rec *kvcheck.Recorder, rng *rand.Rand, id, seq int) {
+	key := slinLists[rng.IntN(len(slinLists))]
+	v := fmt.Sprintf("%d.%d", id, seq)
+	switch p := rng.IntN(10); {
+	case p < 2:
+		op := rec.Start(id, kvcheck.LPush, key, v)
+		_, err := c.LPush(ctx, key, v)
+		finish(op, "", err)
+	case p < 4:
+		op := rec.Start(id, kvcheck.RPush, key, v)
+		_, err := c.RPush(ctx, key, v)
+		finish(op, "", err)
+	case p < 6:
+		op := rec.Start(id, kvcheck.LPop, key, "")
+		got, _, err := c.LPop(ctx, key)
+		finish(op, got, err)
+	case p < 8:
+		op := rec.Start(id, kvcheck.RPop, key, "")
+		got, _, err := c.RPop(ctx, key)
+		finish(op, got, err)
+	default:
+		op := rec.Start(id, kvcheck.LRange, key, "")
+		l, err := c.LRange(ctx, key, 0, -1)
+		finish(op, kvcheck.EncodeList(l), err)
 	}
 }
 
@@ -249,6 +283,16 @@ func slinFinalCheck(t *testing.T, fc *client.Client, rec *kvcheck.Recorder, note
 			t.Fatalf("final read of %s after healing: %v", k, err)
 		}
 		op.Ok(kvcheck.EncodeSet(ms))
+	}
+	for _, k := range slinLists {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		op := rec.Start(slinClients, kvcheck.LRange, k, "")
+		l, err := fc.LRange(ctx, k, 0, -1)
+		cancel()
+		if err != nil {
+			t.Fatalf("final read of %s after healing: %v", k, err)
+		}
+		op.Ok(kvcheck.EncodeList(l))
 	}
 	hist := rec.History()
 	st := hist.Stats

@@ -33,15 +33,17 @@ type doneOp struct {
 	Num   int64
 	Value []byte
 	Err   string
+	// Values: the elements a pop removed (SPOP, LPOP, RPOP, LMOVE).
+	Values [][]byte
 }
 
 // result is the WriteResult the op answered with.
 func (d doneOp) result() *shardkvpb.WriteResult {
-	return &shardkvpb.WriteResult{Ok: d.OK, Prev: d.Prev, PrevFound: d.PrevFound, Num: d.Num, Value: d.Value, Error: d.Err}
+	return &shardkvpb.WriteResult{Ok: d.OK, Prev: d.Prev, PrevFound: d.PrevFound, Num: d.Num, Value: d.Value, Error: d.Err, Values: d.Values}
 }
 
 func doneOf(seq uint64, res *shardkvpb.WriteResult, keepPrev bool) doneOp {
-	d := doneOp{Seq: seq, OK: res.GetOk(), Num: res.GetNum(), Value: res.GetValue(), Err: res.GetError()}
+	d := doneOp{Seq: seq, OK: res.GetOk(), Num: res.GetNum(), Value: res.GetValue(), Err: res.GetError(), Values: res.GetValues()}
 	if keepPrev {
 		d.Prev, d.PrevFound = res.GetPrev(), res.GetPrevFound()
 	}
@@ -73,6 +75,9 @@ func (s *session) encode() []byte {
 		if rest {
 			f |= 4 // records written before this flag have no rest
 		}
+		if len(d.Values) > 0 {
+			f |= 8 // nor values
+		}
 		b = append(b, f)
 		b = binary.AppendUvarint(b, uint64(len(d.Prev)))
 		b = append(b, d.Prev...)
@@ -82,6 +87,13 @@ func (s *session) encode() []byte {
 			b = append(b, d.Value...)
 			b = binary.AppendUvarint(b, uint64(len(d.Err)))
 			b = append(b, d.Err...)
+		}
+		if len(d.Values) > 0 {
+			b = binary.AppendUvarint(b, uint64(len(d.Values)))
+			for _, v := range d.Values {
+				b = binary.AppendUvarint(b, uint64(len(v)))
+				b = append(b, v...)
+			}
 		}
 	}
 	if s.Trimmed > s.Floor {
@@ -130,6 +142,21 @@ func decodeSession(b []byte) (*session, error) {
 				return nil, err
 			}
 			d.Value, d.Err = slices.Clone(val), string(msg)
+		}
+		if f&8 != 0 {
+			n, w := binary.Uvarint(b)
+			if w <= 0 || n > uint64(len(b)) {
+				return nil, errors.New("bad session entry values")
+			}
+			b = b[w:]
+			for range n {
+				var v []byte
+				var err error
+				if v, b, err = uvarintBytes(b); err != nil {
+					return nil, err
+				}
+				d.Values = append(d.Values, slices.Clone(v))
+			}
 		}
 		s.Done = append(s.Done, d)
 	}
@@ -200,6 +227,9 @@ func (s *session) fit(limit int) {
 	for size > limit && len(s.Done) > 0 {
 		d := s.Done[0]
 		size -= uvarintLen(d.Seq) + 1 + uvarintLen(uint64(len(d.Prev))) + len(d.Prev)
+		for _, v := range d.Values {
+			size -= len(v)
+		}
 		s.Trimmed = max(s.Trimmed, d.Seq)
 		s.Done = s.Done[1:]
 		if size <= limit {

@@ -134,6 +134,39 @@ func (g *Group) checkFields(op *shardkvpb.WriteOp) error {
 			return invalid("set operation %d: want 0 (inter), 1 (union) or 2 (diff)", op.Delta)
 		}
 		return nil
+	case shardkvpb.WriteOp_LPUSH, shardkvpb.WriteOp_RPUSH:
+		if len(op.Fields) == 0 || len(op.FieldValues) != 0 {
+			return invalid("%d elements: want at least 1", len(op.Fields))
+		}
+		for _, f := range op.Fields {
+			if len(f) > g.cfg.MaxValueBytes {
+				return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("element of %d bytes exceeds the limit of %d", len(f), g.cfg.MaxValueBytes), nil)
+			}
+		}
+		if len(op.Key)+8 > g.cfg.MaxKeyBytes-elemOverhead {
+			return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("key of %d bytes: a list's key may have at most %d", len(op.Key), g.cfg.MaxKeyBytes-elemOverhead-8), nil)
+		}
+		return nil
+	case shardkvpb.WriteOp_LPOP, shardkvpb.WriteOp_RPOP:
+		if op.Delta < 1 || op.Delta > maxCopyElems {
+			return invalid("pop count %d: want 1 to %d", op.Delta, maxCopyElems)
+		}
+		return nil
+	case shardkvpb.WriteOp_LMOVE:
+		if op.Delta < 0 || op.Delta > 1 || op.Stop < 0 || op.Stop > 1 {
+			return invalid("list ends %d and %d: want 0 (head) or 1 (tail)", op.Delta, op.Stop)
+		}
+		if len(op.Dest)+8 > g.cfg.MaxKeyBytes-elemOverhead {
+			return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("key of %d bytes: a list's key may have at most %d", len(op.Dest), g.cfg.MaxKeyBytes-elemOverhead-8), nil)
+		}
+		return nil
+	case shardkvpb.WriteOp_LINSERT:
+		if op.Delta < 0 || op.Delta > 1 {
+			return invalid("insert side %d: want 0 (before) or 1 (after)", op.Delta)
+		}
+		return nil
+	case shardkvpb.WriteOp_LSET, shardkvpb.WriteOp_LTRIM, shardkvpb.WriteOp_LREM:
+		return nil
 	default:
 		if len(op.Fields) > 0 || len(op.FieldValues) > 0 {
 			return invalid("fields on a %v op", op.Kind)
@@ -168,7 +201,7 @@ func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if len(op.Dest) > g.cfg.MaxKeyBytes {
 		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("destination key of %d bytes exceeds the limit of %d", len(op.Dest), g.cfg.MaxKeyBytes), nil)
 	}
-	if op.Kind > shardkvpb.WriteOp_SSTORE {
+	if op.Kind > shardkvpb.WriteOp_LMOVE {
 		return invalid("unknown write kind %d", op.Kind)
 	}
 	if err := g.checkFields(op); err != nil {

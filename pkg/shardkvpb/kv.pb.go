@@ -91,6 +91,32 @@ const (
 	// difference (2) of the sets at key and `more_keys` (all in one
 	// shard), replacing dest whatever its type. Num: the result's size.
 	WriteOp_SSTORE WriteOp_Kind = 22
+	// List ops (docs/types.md); a key of another type fails WRONGTYPE.
+	// LPUSH, RPUSH: push `fields` (the elements, in order) at the head or
+	// the tail, creating the list unless cond is IF_PRESENT (LPUSHX). Num:
+	// the new length.
+	WriteOp_LPUSH WriteOp_Kind = 23
+	WriteOp_RPUSH WriteOp_Kind = 24
+	// LPOP, RPOP: remove up to `delta` (at least 1) elements from the head
+	// or the tail, returned in `values`; the list goes with its last.
+	WriteOp_LPOP WriteOp_Kind = 25
+	WriteOp_RPOP WriteOp_Kind = 26
+	// LSET: set the element at index `delta` (negative: from the tail) to
+	// `value`. Errors NO_SUCH_KEY, OFFSET_OUT_OF_RANGE.
+	WriteOp_LSET WriteOp_Kind = 27
+	// LTRIM: keep the elements from index `delta` to index `stop`.
+	WriteOp_LTRIM WriteOp_Kind = 28
+	// LREM: remove the first `delta` elements equal to `value` (negative:
+	// from the tail; 0: all). Num: removed.
+	WriteOp_LREM WriteOp_Kind = 29
+	// LINSERT: insert `value` before (delta 0) or after (1) the first
+	// element equal to `expect`. Num: the new length, -1 if no such
+	// element, 0 if no list.
+	WriteOp_LINSERT WriteOp_Kind = 30
+	// LMOVE: pop from the head (delta 0) or the tail (1) of the list at
+	// key and push it at the head (stop 0) or the tail (1) of the list at
+	// `dest` (same shard). Values: the element moved (none if no list).
+	WriteOp_LMOVE WriteOp_Kind = 31
 )
 
 // Enum value maps for WriteOp_Kind.
@@ -119,6 +145,15 @@ var (
 		20: "SPOP",
 		21: "SMOVE",
 		22: "SSTORE",
+		23: "LPUSH",
+		24: "RPUSH",
+		25: "LPOP",
+		26: "RPOP",
+		27: "LSET",
+		28: "LTRIM",
+		29: "LREM",
+		30: "LINSERT",
+		31: "LMOVE",
 	}
 	WriteOp_Kind_value = map[string]int32{
 		"PUT":         0,
@@ -144,6 +179,15 @@ var (
 		"SPOP":        20,
 		"SMOVE":       21,
 		"SSTORE":      22,
+		"LPUSH":       23,
+		"RPUSH":       24,
+		"LPOP":        25,
+		"RPOP":        26,
+		"LSET":        27,
+		"LTRIM":       28,
+		"LREM":        29,
+		"LINSERT":     30,
+		"LMOVE":       31,
 	}
 )
 
@@ -329,8 +373,10 @@ type WriteOp struct {
 	MoreKeys   [][]byte `protobuf:"bytes,14,rep,name=more_keys,json=moreKeys,proto3" json:"more_keys,omitempty"`
 	MoreValues [][]byte `protobuf:"bytes,15,rep,name=more_values,json=moreValues,proto3" json:"more_values,omitempty"`
 	// Collection ops: the fields (members) and their values.
-	Fields        [][]byte `protobuf:"bytes,16,rep,name=fields,proto3" json:"fields,omitempty"`
-	FieldValues   [][]byte `protobuf:"bytes,17,rep,name=field_values,json=fieldValues,proto3" json:"field_values,omitempty"`
+	Fields      [][]byte `protobuf:"bytes,16,rep,name=fields,proto3" json:"fields,omitempty"`
+	FieldValues [][]byte `protobuf:"bytes,17,rep,name=field_values,json=fieldValues,proto3" json:"field_values,omitempty"`
+	// LTRIM: the last index kept; LMOVE: where to push.
+	Stop          int64 `protobuf:"varint,18,opt,name=stop,proto3" json:"stop,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -482,6 +528,13 @@ func (x *WriteOp) GetFieldValues() [][]byte {
 		return x.FieldValues
 	}
 	return nil
+}
+
+func (x *WriteOp) GetStop() int64 {
+	if x != nil {
+		return x.Stop
+	}
+	return 0
 }
 
 type WriteResult struct {
@@ -717,11 +770,15 @@ type ReadElemsRequest struct {
 	Type uint32 `protobuf:"varint,2,opt,name=type,proto3" json:"type,omitempty"`
 	// These fields, in order; or, with all, the elements in field order
 	// after `after` (when has_after), at most count (0: all).
-	Fields        [][]byte `protobuf:"bytes,3,rep,name=fields,proto3" json:"fields,omitempty"`
-	All           bool     `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
-	After         []byte   `protobuf:"bytes,5,opt,name=after,proto3" json:"after,omitempty"`
-	HasAfter      bool     `protobuf:"varint,6,opt,name=has_after,json=hasAfter,proto3" json:"has_after,omitempty"`
-	Count         uint32   `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
+	Fields   [][]byte `protobuf:"bytes,3,rep,name=fields,proto3" json:"fields,omitempty"`
+	All      bool     `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
+	After    []byte   `protobuf:"bytes,5,opt,name=after,proto3" json:"after,omitempty"`
+	HasAfter bool     `protobuf:"varint,6,opt,name=has_after,json=hasAfter,proto3" json:"has_after,omitempty"`
+	Count    uint32   `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
+	// A list's elements from index start to stop (LRANGE's rules).
+	Range         bool  `protobuf:"varint,8,opt,name=range,proto3" json:"range,omitempty"`
+	Start         int64 `protobuf:"varint,9,opt,name=start,proto3" json:"start,omitempty"`
+	Stop          int64 `protobuf:"varint,10,opt,name=stop,proto3" json:"stop,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -801,6 +858,27 @@ func (x *ReadElemsRequest) GetHasAfter() bool {
 func (x *ReadElemsRequest) GetCount() uint32 {
 	if x != nil {
 		return x.Count
+	}
+	return 0
+}
+
+func (x *ReadElemsRequest) GetRange() bool {
+	if x != nil {
+		return x.Range
+	}
+	return false
+}
+
+func (x *ReadElemsRequest) GetStart() int64 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *ReadElemsRequest) GetStop() int64 {
+	if x != nil {
+		return x.Stop
 	}
 	return 0
 }
@@ -1810,7 +1888,7 @@ const file_kv_proto_rawDesc = "" +
 	"\aSession\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\x9a\a\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\x8f\b\n" +
 	"\aWriteOp\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.shardkv.v1.WriteOp.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1832,7 +1910,8 @@ const file_kv_proto_rawDesc = "" +
 	"\vmore_values\x18\x0f \x03(\fR\n" +
 	"moreValues\x12\x16\n" +
 	"\x06fields\x18\x10 \x03(\fR\x06fields\x12!\n" +
-	"\ffield_values\x18\x11 \x03(\fR\vfieldValues\"\x91\x02\n" +
+	"\ffield_values\x18\x11 \x03(\fR\vfieldValues\x12\x12\n" +
+	"\x04stop\x18\x12 \x01(\x03R\x04stop\"\xf2\x02\n" +
 	"\x04Kind\x12\a\n" +
 	"\x03PUT\x10\x00\x12\n" +
 	"\n" +
@@ -1863,7 +1942,16 @@ const file_kv_proto_rawDesc = "" +
 	"\x04SPOP\x10\x14\x12\t\n" +
 	"\x05SMOVE\x10\x15\x12\n" +
 	"\n" +
-	"\x06SSTORE\x10\x16\"c\n" +
+	"\x06SSTORE\x10\x16\x12\t\n" +
+	"\x05LPUSH\x10\x17\x12\t\n" +
+	"\x05RPUSH\x10\x18\x12\b\n" +
+	"\x04LPOP\x10\x19\x12\b\n" +
+	"\x04RPOP\x10\x1a\x12\b\n" +
+	"\x04LSET\x10\x1b\x12\t\n" +
+	"\x05LTRIM\x10\x1c\x12\b\n" +
+	"\x04LREM\x10\x1d\x12\v\n" +
+	"\aLINSERT\x10\x1e\x12\t\n" +
+	"\x05LMOVE\x10\x1f\"c\n" +
 	"\x04Cond\x12\n" +
 	"\n" +
 	"\x06ALWAYS\x10\x00\x12\r\n" +
@@ -1892,7 +1980,7 @@ const file_kv_proto_rawDesc = "" +
 	"\bGetReply\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\fR\x05value\x12\x14\n" +
 	"\x05found\x18\x02 \x01(\bR\x05found\x12\x12\n" +
-	"\x04type\x18\x03 \x01(\rR\x04type\"\xab\x01\n" +
+	"\x04type\x18\x03 \x01(\rR\x04type\"\xeb\x01\n" +
 	"\x10ReadElemsRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\rR\x04type\x12\x16\n" +
@@ -1900,7 +1988,11 @@ const file_kv_proto_rawDesc = "" +
 	"\x03all\x18\x04 \x01(\bR\x03all\x12\x14\n" +
 	"\x05after\x18\x05 \x01(\fR\x05after\x12\x1b\n" +
 	"\thas_after\x18\x06 \x01(\bR\bhasAfter\x12\x14\n" +
-	"\x05count\x18\a \x01(\rR\x05count\"H\n" +
+	"\x05count\x18\a \x01(\rR\x05count\x12\x14\n" +
+	"\x05range\x18\b \x01(\bR\x05range\x12\x14\n" +
+	"\x05start\x18\t \x01(\x03R\x05start\x12\x12\n" +
+	"\x04stop\x18\n" +
+	" \x01(\x03R\x04stop\"H\n" +
 	"\x04Elem\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\fR\x05field\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +

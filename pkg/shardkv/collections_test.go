@@ -499,3 +499,161 @@ func TestSetOps(t *testing.T) {
 		t.Fatalf("spop of more than the set: %v", r)
 	}
 }
+
+// list reads key's list whole (nil: absent).
+func (h *smHarness) list(key string) []string {
+	h.t.Helper()
+	r, code, err := h.sm.ReadElems([]byte(key), ElemQuery{Type: TypeList, Range: true, Start: 0, Stop: -1}, nil)
+	if err != nil || code != OK {
+		h.t.Fatalf("read list %q: %v %v", key, code, err)
+	}
+	if !r.Entry.Found {
+		return nil
+	}
+	out := []string{}
+	for _, e := range r.Elems {
+		out = append(out, string(e.Value))
+	}
+	if int64(len(out)) != r.Len {
+		h.t.Fatalf("list %q: %d elements, its record says %d", key, len(out), r.Len)
+	}
+	return out
+}
+
+func (h *smHarness) lrange(key string, start, stop int64) []string {
+	h.t.Helper()
+	r, _, err := h.sm.ReadElems([]byte(key), ElemQuery{Type: TypeList, Range: true, Start: start, Stop: stop}, nil)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	out := []string{}
+	for _, e := range r.Elems {
+		out = append(out, string(e.Value))
+	}
+	return out
+}
+
+// TestListOps: pushes and pops at both ends, LSET, LTRIM, LREM, LINSERT,
+// LMOVE (also onto itself), ranges with Redis's index rules, and the list
+// going with its last element.
+func TestListOps(t *testing.T) {
+	h := newSMHarness(t)
+	K := shardkvpb.WriteOp_Kind(0)
+	do := func(kind shardkvpb.WriteOp_Kind, key string, f ...func(*shardkvpb.WriteOp)) *shardkvpb.WriteResult {
+		t.Helper()
+		return h.write(op(kind, key, f...)).Result
+	}
+	_ = K
+	if r := do(shardkvpb.WriteOp_RPUSH, "{l}a", members("b", "c")); r.Num != 2 {
+		t.Fatalf("rpush: %v", r)
+	}
+	if r := do(shardkvpb.WriteOp_LPUSH, "{l}a", members("x", "a")); r.Num != 4 || !slices.Equal(h.list("{l}a"), []string{"a", "x", "b", "c"}) {
+		t.Fatalf("lpush: %v %v", r, h.list("{l}a"))
+	}
+	if r := do(shardkvpb.WriteOp_LPUSH, "{l}none", members("x"), cond(shardkvpb.WriteOp_IF_PRESENT)); r.Num != 0 || h.list("{l}none") != nil {
+		t.Fatalf("lpushx on no list: %v", r)
+	}
+	for _, c := range []struct {
+		start, stop int64
+		want        []string
+	}{{0, -1, []string{"a", "x", "b", "c"}}, {1, 2, []string{"x", "b"}}, {-2, 100, []string{"b", "c"}}, {-100, 0, []string{"a"}}, {3, 1, []string{}}, {5, 10, []string{}}} {
+		if got := h.lrange("{l}a", c.start, c.stop); !slices.Equal(got, c.want) {
+			t.Fatalf("lrange %d %d: %v, want %v", c.start, c.stop, got, c.want)
+		}
+	}
+	if r := do(shardkvpb.WriteOp_LSET, "{l}a", delta(-3), val("X")); r.Error != "" || h.lrange("{l}a", 1, 1)[0] != "X" {
+		t.Fatalf("lset: %v", r)
+	}
+	if r := do(shardkvpb.WriteOp_LSET, "{l}a", delta(4), val("X")); r.Error != errOffset {
+		t.Fatalf("lset out of range: %v", r)
+	}
+	if r := do(shardkvpb.WriteOp_LSET, "{l}none", delta(0), val("X")); r.Error != errNoSuchKey {
+		t.Fatalf("lset of no list: %v", r)
+	}
+	if r := do(shardkvpb.WriteOp_RPOP, "{l}a", delta(2)); r.Num != 2 || string(r.Values[0]) != "c" || string(r.Values[1]) != "b" {
+		t.Fatalf("rpop 2: %v", r)
+	}
+	if r := do(shardkvpb.WriteOp_LPOP, "{l}a", delta(1)); string(r.Values[0]) != "a" || !slices.Equal(h.list("{l}a"), []string{"X"}) {
+		t.Fatalf("lpop: %v %v", r, h.list("{l}a"))
+	}
+	if r := do(shardkvpb.WriteOp_LPOP, "{l}a", delta(5)); r.Num != 1 || h.list("{l}a") != nil || h.entry("{l}a").Found {
+		t.Fatalf("the last pop: %v, list %v", r, h.list("{l}a"))
+	}
+	// LREM, LINSERT, LTRIM.
+	do(shardkvpb.WriteOp_RPUSH, "{l}b", members("a", "b", "a", "c", "a"))
+	if r := do(shardkvpb.WriteOp_LREM, "{l}b", delta(-2), val("a")); r.Num != 2 || !slices.Equal(h.list("{l}b"), []string{"a", "b", "c"}) {
+		t.Fatalf("lrem -2: %v %v", r, h.list("{l}b"))
+	}
+	if r := do(shardkvpb.WriteOp_LINSERT, "{l}b", delta(1), func(o *shardkvpb.WriteOp) { o.Expect, o.Value = []byte("b"), []byte("B") }); r.Num != 4 || !slices.Equal(h.list("{l}b"), []string{"a", "b", "B", "c"}) {
+		t.Fatalf("linsert after: %v %v", r, h.list("{l}b"))
+	}
+	if r := do(shardkvpb.WriteOp_LINSERT, "{l}b", delta(0), func(o *shardkvpb.WriteOp) { o.Expect, o.Value = []byte("nope"), []byte("B") }); r.Num != -1 {
+		t.Fatalf("linsert without the pivot: %v", r)
+	}
+	if r := do(shardkvpb.WriteOp_LTRIM, "{l}b", delta(1), func(o *shardkvpb.WriteOp) { o.Stop = -2 }); r.Error != "" || !slices.Equal(h.list("{l}b"), []string{"b", "B"}) {
+		t.Fatalf("ltrim: %v %v", r, h.list("{l}b"))
+	}
+	// LMOVE to another list and onto itself (a rotation).
+	do(shardkvpb.WriteOp_RPUSH, "{l}c", members("1", "2", "3"))
+	mv := func(src, dst string, from, to int64) *shardkvpb.WriteResult {
+		return do(shardkvpb.WriteOp_LMOVE, src, dest(dst), delta(from), func(o *shardkvpb.WriteOp) { o.Stop = to })
+	}
+	if r := mv("{l}c", "{l}c", 1, 0); string(r.Values[0]) != "3" || !slices.Equal(h.list("{l}c"), []string{"3", "1", "2"}) {
+		t.Fatalf("rotate: %v %v", r, h.list("{l}c"))
+	}
+	if r := mv("{l}c", "{l}d", 0, 1); string(r.Values[0]) != "3" || !slices.Equal(h.list("{l}d"), []string{"3"}) || !slices.Equal(h.list("{l}c"), []string{"1", "2"}) {
+		t.Fatalf("lmove: %v %v %v", r, h.list("{l}c"), h.list("{l}d"))
+	}
+	do(shardkvpb.WriteOp_RPUSH, "{l}one", members("z"))
+	if r := mv("{l}one", "{l}one", 0, 1); string(r.Values[0]) != "z" || !slices.Equal(h.list("{l}one"), []string{"z"}) {
+		t.Fatalf("rotate a list of one: %v %v", r, h.list("{l}one"))
+	}
+	h.write(op(shardkvpb.WriteOp_PUT, "{l}str", val("1")))
+	if r := mv("{l}c", "{l}str", 0, 0); r.Error != shardkvpb.OpErrWrongType || len(h.list("{l}c")) != 2 {
+		t.Fatalf("lmove onto a string: %v", r)
+	}
+	if r := do(shardkvpb.WriteOp_RPUSH, "{l}str", members("a")); r.Error != shardkvpb.OpErrWrongType {
+		t.Fatalf("rpush on a string: %v", r)
+	}
+	// A list longer than one entry may delete, trimmed to a few: a new
+	// version, the rest collected.
+	var many []string
+	for i := range maxCopyElems + 1000 {
+		many = append(many, fmt.Sprint(i))
+	}
+	for i := 0; i < len(many); i += 5000 {
+		if r := do(shardkvpb.WriteOp_RPUSH, "{l}long", members(many[i:min(i+5000, len(many))]...)); r.Error != "" {
+			t.Fatalf("rpush: %v", r)
+		}
+	}
+	if r := do(shardkvpb.WriteOp_LTRIM, "{l}long", delta(10), func(o *shardkvpb.WriteOp) { o.Stop = 12 }); r.Error != "" || !slices.Equal(h.list("{l}long"), []string{"10", "11", "12"}) {
+		t.Fatalf("ltrim of a long list: %v %v", r, h.list("{l}long"))
+	}
+	h.collectAll()
+	if got := countPrefix(t, h.sm, elemPrefix(shardOfKey4([]byte("{l}long")), []byte("{l}long"), 0)[:6+len("{l}long")]); got != 3 {
+		t.Fatalf("%d elements of the trimmed list after the collection, want 3", got)
+	}
+}
+
+// TestPopRetried: a retried pop (same session seq) answers the elements
+// the first one removed and removes nothing more: the dedup table keeps
+// them (without, the retry answered "empty" and porcupine caught it).
+func TestPopRetried(t *testing.T) {
+	h := newSMHarness(t)
+	h.write(op(shardkvpb.WriteOp_RPUSH, "{p}l", members("a", "b", "c")))
+	h.write(op(shardkvpb.WriteOp_SADD, "{p}s", members("x", "y")))
+	sess := func(o *shardkvpb.WriteOp) { o.Session = &shardkvpb.Session{ClientId: 5, Seq: 1} }
+	for _, o := range []*shardkvpb.WriteOp{op(shardkvpb.WriteOp_LPOP, "{p}l", delta(2), sess), op(shardkvpb.WriteOp_SPOP, "{p}s", delta(1), sess)} {
+		o.Session.Seq = uint64(o.Kind)
+		first, again := h.write(o).Result, h.write(o).Result
+		if len(first.Values) == 0 || !slices.EqualFunc(first.Values, again.Values, func(x, y []byte) bool { return string(x) == string(y) }) {
+			t.Fatalf("%v retried: %q, then %q", o.Kind, first.Values, again.Values)
+		}
+	}
+	if got := h.list("{p}l"); !slices.Equal(got, []string{"c"}) {
+		t.Fatalf("list after a retried pop: %v", got)
+	}
+	if got := h.set("{p}s"); len(got) != 1 {
+		t.Fatalf("set after a retried spop: %v", got)
+	}
+}
