@@ -403,6 +403,8 @@ func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 	switch collType(op.Kind) {
 	case TypeList:
 		return a.mutateList(s, op)
+	case TypeZSet:
+		return a.mutateZSet(s, op)
 	case TypeHash, TypeSet:
 		return a.mutateColl(s, op)
 	}

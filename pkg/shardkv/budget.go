@@ -200,6 +200,23 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 			// the entry's budget).
 			v = collMetaLen
 			b.addElem(k, 8, len(op.Value))
+		case shardkvpb.WriteOp_ZADD, shardkvpb.WriteOp_ZREM:
+			// The member's score record, and its index entry's delete and
+			// write.
+			v = collMetaLen
+			for _, f := range op.Fields {
+				b.addElem(k, 1+len(f), 8)
+				b.addElem(k, 9+len(f), 0)
+				b.addElem(k, 9+len(f), 0)
+			}
+		case shardkvpb.WriteOp_ZPOPMIN, shardkvpb.WriteOp_ZPOPMAX:
+			v = collMetaLen
+			for range op.Delta {
+				b.addElem(k, 64, 0)
+				b.addElem(k, 72, 0)
+			}
+		case shardkvpb.WriteOp_ZREMRANGE:
+			v = collMetaLen // what it removes is counted at apply
 		case shardkvpb.WriteOp_SPOP:
 			v = collMetaLen
 			// Members are unknown before apply: counted at 64 bytes each

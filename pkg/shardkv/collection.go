@@ -302,3 +302,50 @@ func (a *applyCtx) scanElems(prefix, from []byte, limit int) ([]rawKV, error) {
 	}
 	return out, nil
 }
+
+// scanElemsRev returns the last (up to limit) records under prefix in
+// descending key order, as the current entry sees them.
+func (a *applyCtx) scanElemsRev(prefix []byte, limit int) ([]rawKV, error) {
+	extra := 0
+	if a.buf != nil {
+		extra = len(a.buf.order)
+	}
+	var out []rawKV
+	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, Reverse: true})
+	it.Seek(append(bytes.Clone(prefix), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff))
+	for ; it.ValidForPrefix(prefix) && len(out) < limit+extra; it.Next() {
+		v, err := it.Item().ValueCopy(nil)
+		if err != nil {
+			it.Close()
+			return nil, err
+		}
+		out = append(out, rawKV{it.Item().KeyCopy(nil), v})
+	}
+	it.Close()
+	if a.buf != nil {
+		m := map[string]int{}
+		for i, e := range out {
+			m[string(e.k)] = i
+		}
+		for _, k := range a.buf.order {
+			if !bytes.HasPrefix([]byte(k), prefix) {
+				continue
+			}
+			w := a.buf.m[k]
+			if i, ok := m[k]; ok {
+				out[i].v = w.v
+				if w.del {
+					out[i].v = nil
+				}
+			} else if !w.del {
+				out = append(out, rawKV{[]byte(k), w.v})
+			}
+		}
+		out = slices.DeleteFunc(out, func(e rawKV) bool { return e.v == nil })
+		slices.SortFunc(out, func(x, y rawKV) int { return bytes.Compare(y.k, x.k) })
+	}
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}

@@ -3,6 +3,7 @@ package shardkv
 import (
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -657,3 +658,132 @@ func TestPopRetried(t *testing.T) {
 		t.Fatalf("set after a retried spop: %v", got)
 	}
 }
+
+func scores(kv ...any) func(*shardkvpb.WriteOp) {
+	return func(o *shardkvpb.WriteOp) {
+		for i := 0; i < len(kv); i += 2 {
+			o.Fields = append(o.Fields, []byte(kv[i].(string)))
+			o.FieldValues = append(o.FieldValues, ScoreValue(kv[i+1].(float64)))
+		}
+	}
+}
+
+// zrange reads members in a range as "member:score" strings.
+func (h *smHarness) zrange(key string, q ElemQuery) []string {
+	h.t.Helper()
+	q.Type = TypeZSet
+	r, code, err := h.sm.ReadElems([]byte(key), q, nil)
+	if err != nil || code != OK {
+		h.t.Fatalf("zrange %q: %v %v", key, code, err)
+	}
+	out := []string{}
+	for _, e := range r.Elems {
+		f, _ := ValueScore(e.Value)
+		out = append(out, fmt.Sprintf("%s:%g", e.Field, f))
+	}
+	return out
+}
+
+func byRank(lo, hi int64, rev bool) ElemQuery {
+	return ElemQuery{Z: &ZRange{By: ZByRank, Min: Bound{Rank: lo}, Max: Bound{Rank: hi}, Rev: rev, Count: -1}}
+}
+
+// TestZSetOps: ZADD with its flags, ZINCRBY, ZREM, pops, ranges by rank,
+// score and lex (with exclusive bounds and infinities), ranks, counts and
+// ZREMRANGE; the set goes with its last member.
+func TestZSetOps(t *testing.T) {
+	h := newSMHarness(t)
+	ZA := shardkvpb.WriteOp_ZADD
+	flags := func(f int64) func(*shardkvpb.WriteOp) { return delta(f) }
+	if r := h.write(op(ZA, "z", scores("a", 1.0, "b", 2.0, "c", 3.0, "d", -1.5))).Result; r.Num != 4 {
+		t.Fatalf("zadd: %v", r)
+	}
+	if got := h.zrange("z", byRank(0, -1, false)); !slices.Equal(got, []string{"d:-1.5", "a:1", "b:2", "c:3"}) {
+		t.Fatalf("zrange: %v", got)
+	}
+	if got := h.zrange("z", byRank(0, 1, true)); !slices.Equal(got, []string{"c:3", "b:2"}) {
+		t.Fatalf("zrevrange 0 1: %v", got)
+	}
+	// NX, XX, GT, LT, CH.
+	if r := h.write(op(ZA, "z", scores("a", 5.0, "e", 0.0), flags(ZAddNX))).Result; r.Num != 1 {
+		t.Fatalf("zadd nx: %v", r)
+	}
+	if r := h.write(op(ZA, "z", scores("a", 5.0, "f", 0.0), flags(ZAddXX|ZAddCH))).Result; r.Num != 1 {
+		t.Fatalf("zadd xx ch: %v", r)
+	}
+	if r := h.write(op(ZA, "z", scores("a", 4.0, "b", 2.5), flags(ZAddGT|ZAddCH))).Result; r.Num != 1 {
+		t.Fatalf("zadd gt ch (only b rises): %v", r)
+	}
+	if r := h.write(op(ZA, "z", scores("a", 1.0), flags(ZAddIncr))).Result; !r.Ok || fmt.Sprint(must(ValueScore(r.Value))) != "6" {
+		t.Fatalf("zincrby: %v", r)
+	}
+	if r := h.write(op(ZA, "z", scores("a", -100.0), flags(ZAddIncr|ZAddGT))).Result; r.Ok {
+		t.Fatalf("zincrby gt lowering: %v", r)
+	}
+	if r := h.write(op(ZA, "z", scores("a", math.Inf(1), "b", math.Inf(-1)))).Result; r.Error != "" {
+		t.Fatalf("infinite scores: %v", r)
+	}
+	if r := h.write(op(ZA, "z", scores("a", math.Inf(-1)), flags(ZAddIncr))).Result; r.Error != errNaN {
+		t.Fatalf("inf + -inf: %v", r)
+	}
+	if got := h.zrange("z", byRank(0, -1, false)); !slices.Equal(got, []string{"b:-Inf", "d:-1.5", "e:0", "c:3", "a:+Inf"}) {
+		t.Fatalf("after the updates: %v", got)
+	}
+	// By score, exclusive and infinite bounds, LIMIT, REV.
+	q := func(lo, hi Bound, rev bool, off, n int64) ElemQuery {
+		return ElemQuery{Z: &ZRange{By: ZByScore, Min: lo, Max: hi, Rev: rev, Offset: off, Count: n}}
+	}
+	incl := func(f float64) Bound { return Bound{Kind: BoundIncl, Score: f} }
+	excl := func(f float64) Bound { return Bound{Kind: BoundExcl, Score: f} }
+	if got := h.zrange("z", q(excl(-1.5), incl(3), false, 0, -1)); !slices.Equal(got, []string{"e:0", "c:3"}) {
+		t.Fatalf("(-1.5 3: %v", got)
+	}
+	if got := h.zrange("z", q(Bound{Kind: BoundNegInf}, Bound{Kind: BoundPosInf}, true, 1, 2)); !slices.Equal(got, []string{"c:3", "e:0"}) {
+		t.Fatalf("-inf +inf rev limit 1 2: %v", got)
+	}
+	r, _, _ := h.sm.ReadElems([]byte("z"), ElemQuery{Type: TypeZSet, Z: &ZRange{By: ZByScore, Min: incl(-2), Max: excl(3), Count: -1}, CountOnly: true}, nil)
+	if r.Count != 2 {
+		t.Fatalf("zcount [-2 (3: %d", r.Count)
+	}
+	r, _, _ = h.sm.ReadElems([]byte("z"), ElemQuery{Type: TypeZSet, RankOf: []byte("c"), Rev: true}, nil)
+	if r.Rank != 1 {
+		t.Fatalf("zrevrank c: %d", r.Rank)
+	}
+	r, _, _ = h.sm.ReadElems([]byte("z"), ElemQuery{Type: TypeZSet, RankOf: []byte("nope")}, nil)
+	if r.Rank != -1 {
+		t.Fatalf("zrank of no member: %d", r.Rank)
+	}
+	// Pops.
+	if r := h.write(op(shardkvpb.WriteOp_ZPOPMIN, "z", delta(2))).Result; len(r.Values) != 4 || string(r.Values[0]) != "b" || string(r.Values[2]) != "d" {
+		t.Fatalf("zpopmin 2: %q", r.Values)
+	}
+	if r := h.write(op(shardkvpb.WriteOp_ZPOPMAX, "z", delta(1))).Result; string(r.Values[0]) != "a" {
+		t.Fatalf("zpopmax: %q", r.Values)
+	}
+	// By lex, and ZREMRANGE.
+	h.write(op(ZA, "lex", scores("a", 0.0, "b", 0.0, "c", 0.0, "d", 0.0, "e", 0.0)))
+	lex := func(kind int, m string) Bound { return Bound{Kind: kind, Lex: []byte(m)} }
+	if got := h.zrange("lex", ElemQuery{Z: &ZRange{By: ZByLex, Min: lex(BoundExcl, "a"), Max: lex(BoundIncl, "c"), Count: -1}}); !slices.Equal(got, []string{"b:0", "c:0"}) {
+		t.Fatalf("zrangebylex (a [c: %v", got)
+	}
+	rm := func(by int, lo, hi Bound) *shardkvpb.WriteResult {
+		return h.write(op(shardkvpb.WriteOp_ZREMRANGE, "lex", delta(int64(by)), func(o *shardkvpb.WriteOp) {
+			o.Fields = [][]byte{lo.Encode(by), hi.Encode(by)}
+		})).Result
+	}
+	if r := rm(ZByLex, lex(BoundNegInf, ""), lex(BoundExcl, "b")); r.Num != 1 {
+		t.Fatalf("zremrangebylex - (b: %v", r)
+	}
+	if r := rm(ZByRank, Bound{Rank: -2}, Bound{Rank: -1}); r.Num != 2 || !slices.Equal(h.zrange("lex", byRank(0, -1, false)), []string{"b:0", "c:0"}) {
+		t.Fatalf("zremrangebyrank -2 -1: %v %v", r, h.zrange("lex", byRank(0, -1, false)))
+	}
+	if r := rm(ZByScore, Bound{Kind: BoundNegInf}, Bound{Kind: BoundPosInf}); r.Num != 2 || h.entry("lex").Found {
+		t.Fatalf("zremrangebyscore of all: %v", r)
+	}
+	h.write(op(shardkvpb.WriteOp_PUT, "s", val("1")))
+	if r := h.write(op(ZA, "s", scores("a", 1.0))).Result; r.Error != shardkvpb.OpErrWrongType {
+		t.Fatalf("zadd on a string: %v", r)
+	}
+}
+
+func must[T any](v T, _ bool) T { return v }

@@ -17,6 +17,8 @@ func collType(k shardkvpb.WriteOp_Kind) ValueType {
 	case shardkvpb.WriteOp_LPUSH, shardkvpb.WriteOp_RPUSH, shardkvpb.WriteOp_LPOP, shardkvpb.WriteOp_RPOP, shardkvpb.WriteOp_LSET,
 		shardkvpb.WriteOp_LTRIM, shardkvpb.WriteOp_LREM, shardkvpb.WriteOp_LINSERT, shardkvpb.WriteOp_LMOVE:
 		return TypeList
+	case shardkvpb.WriteOp_ZADD, shardkvpb.WriteOp_ZREM, shardkvpb.WriteOp_ZPOPMIN, shardkvpb.WriteOp_ZPOPMAX, shardkvpb.WriteOp_ZREMRANGE:
+		return TypeZSet
 	}
 	return TypeString
 }

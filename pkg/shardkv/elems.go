@@ -2,6 +2,7 @@ package shardkv
 
 import (
 	"bytes"
+	"slices"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
@@ -23,6 +24,14 @@ type ElemQuery struct {
 	// Redis's LRANGE rules (negative: from the tail; clipped).
 	Range       bool
 	Start, Stop int64
+	// Z: a sorted set's members in a range (Elems: member, score as
+	// ScoreValue); with CountOnly, only how many (ElemsReply.Count).
+	Z         *ZRange
+	CountOnly bool
+	// RankOf: the rank of this member of a sorted set (ElemsReply.Rank,
+	// -1 if none; its score in Elems[0]), counted from the end if Rev.
+	RankOf []byte
+	Rev    bool
 }
 
 // Elem is one element of a collection: a hash field and its value, a set
@@ -40,6 +49,9 @@ type ElemsReply struct {
 	Elems []Elem
 	// Next: an All read stopped at Count; go on after this field.
 	Next []byte
+	// Count and Rank: see ElemQuery's CountOnly and RankOf.
+	Count int64
+	Rank  int64
 }
 
 // ReadElems reads key's collection from local state, judged at the log
@@ -75,6 +87,136 @@ func (sm *StateMachine) ReadElemsOf(keys [][]byte, q ElemQuery, reserve func(int
 	return rs, code, err
 }
 
+// readZSet reads a sorted set (prefix: its elements) for q.
+func (sm *StateMachine) readZSet(txn *badger.Txn, prefix []byte, m collMeta, q ElemQuery, r *ElemsReply, reserve func(int) bool) error {
+	keep := func(member, score []byte) bool {
+		if reserve != nil && !reserve(len(member)+len(score)) {
+			return false
+		}
+		r.Elems = append(r.Elems, Elem{Field: member, Value: score, Found: score != nil})
+		return true
+	}
+	mprefix := append(bytes.Clone(prefix), zMember)
+	sprefix := append(bytes.Clone(prefix), zScore)
+	score := func(member []byte) ([]byte, error) {
+		v, err := raftgroup.GetValue(txn, append(bytes.Clone(mprefix), member...))
+		if v == nil || err != nil {
+			return nil, err
+		}
+		return elemPayload(v), nil
+	}
+	for _, f := range q.Fields {
+		sc, err := score(f)
+		if err != nil {
+			return err
+		}
+		if !keep(f, sc) {
+			return ErrReadLimit
+		}
+	}
+	scan := func(p []byte) func(from []byte, n int) ([][]byte, error) {
+		return func(from []byte, n int) ([][]byte, error) {
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: p})
+			defer it.Close()
+			if from == nil {
+				it.Rewind()
+			} else {
+				it.Seek(append(bytes.Clone(p), from...))
+			}
+			var out [][]byte
+			for ; it.Valid() && len(out) < n; it.Next() {
+				out = append(out, it.Item().KeyCopy(nil)[len(p):])
+			}
+			return out, nil
+		}
+	}
+	switch {
+	case q.RankOf != nil:
+		r.Rank = -1
+		sc, err := score(q.RankOf)
+		if err != nil || sc == nil {
+			return err
+		}
+		f, _ := ValueScore(sc)
+		target := zScoreField(f, q.RankOf)[1:]
+		var rank int64
+		err = walkZRange(ZRange{By: ZByRank, Min: Bound{Rank: 0}, Max: Bound{Rank: -1}}, m.Size, scan(sprefix), func(field []byte) bool {
+			if bytes.Equal(field, target) {
+				return false
+			}
+			rank++
+			return true
+		})
+		r.Rank = rank
+		if q.Rev {
+			r.Rank = m.Size - 1 - rank
+		}
+		keep(q.RankOf, sc)
+		return err
+	case q.Z != nil:
+		z := *q.Z
+		if z.By == ZByRank && z.Rev {
+			// Ranks from the end: the same members ascending, reversed.
+			lo, hi, ok := rankRange(z.Min.Rank, z.Max.Rank, m.Size)
+			if !ok {
+				return nil
+			}
+			z.Min.Rank, z.Max.Rank = m.Size-1-hi, m.Size-1-lo
+		}
+		var fields [][]byte
+		err := walkZRange(z, m.Size, scan(sprefix), func(field []byte) bool {
+			if q.CountOnly {
+				r.Count++
+				return true
+			}
+			fields = append(fields, field)
+			return z.Rev || z.Count < 0 || int64(len(fields)) < z.Offset+z.Count
+		})
+		if err != nil || q.CountOnly {
+			return err
+		}
+		if z.Rev {
+			slices.Reverse(fields)
+		}
+		fields = fields[min(int64(len(fields)), max(z.Offset, 0)):]
+		if z.Count >= 0 && int64(len(fields)) > z.Count {
+			fields = fields[:z.Count]
+		}
+		for _, field := range fields {
+			if !keep(field[8:], ScoreValue(scoreFrom(field))) {
+				return ErrReadLimit
+			}
+		}
+		return nil
+	case q.All:
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: mprefix, PrefetchValues: true})
+		defer it.Close()
+		if q.After != nil {
+			it.Seek(append(bytes.Clone(mprefix), q.After...))
+			if it.Valid() && bytes.Equal(it.Item().Key()[len(mprefix):], q.After) {
+				it.Next()
+			}
+		} else {
+			it.Rewind()
+		}
+		for n := 0; it.Valid(); it.Next() {
+			if q.Count > 0 && n >= q.Count {
+				r.Next = bytes.Clone(r.Elems[len(r.Elems)-1].Field)
+				return nil
+			}
+			v, err := it.Item().ValueCopy(nil)
+			if err != nil {
+				return err
+			}
+			if !keep(it.Item().KeyCopy(nil)[len(mprefix):], elemPayload(v)) {
+				return ErrReadLimit
+			}
+			n++
+		}
+	}
+	return nil
+}
+
 func (sm *StateMachine) readElems(txn *badger.Txn, key []byte, q ElemQuery, nowMs int64, reserve func(int) bool) (r ElemsReply, code Code, err error) {
 	err = func() error {
 		var s int
@@ -100,6 +242,9 @@ func (sm *StateMachine) readElems(txn *badger.Txn, key []byte, q ElemQuery, nowM
 		}
 		r.Len = m.Size
 		prefix := elemPrefix(s, key, m.Version)
+		if rec.Type == TypeZSet {
+			return sm.readZSet(txn, prefix, m, q, &r, reserve)
+		}
 		keep := func(e Elem) bool {
 			if reserve != nil && !reserve(len(e.Field)+len(e.Value)) {
 				return false

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"sort"
 	"strings"
@@ -284,7 +285,7 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 		n = 8 + g.intn(24)
 	}
 	for i := range n {
-		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(int(shardkvpb.WriteOp_LMOVE) + 1)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
+		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(int(shardkvpb.WriteOp_ZREMRANGE) + 1)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
 			ReturnPrev: g.intn(3) == 0, KeepTtl: g.intn(5) == 0, Delta: int64(g.byte()) - 128, ExpectAbsent: g.intn(2) == 0}
 		if many {
 			op.Kind, op.Key = shardkvpb.WriteOp_Kind(i%3), fmt.Appendf(nil, "{0}m%d", i)
@@ -316,7 +317,22 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 			for range g.intn(3) {
 				op.MoreKeys = append(op.MoreKeys, g.key())
 			}
-		case shardkvpb.WriteOp_SPOP, shardkvpb.WriteOp_LPOP, shardkvpb.WriteOp_RPOP:
+		case shardkvpb.WriteOp_ZADD, shardkvpb.WriteOp_ZREM:
+			op.Delta = int64(g.intn(64)) // some flag sets are refused
+			for range g.intn(4) {
+				op.Fields = append(op.Fields, fmt.Appendf(nil, "m%d", g.intn(5)))
+				sc := []float64{0, 1.5, -2, math.Inf(1), math.Inf(-1), math.NaN()}[g.intn(6)]
+				if op.Kind == shardkvpb.WriteOp_ZADD {
+					op.FieldValues = append(op.FieldValues, ScoreValue(sc))
+				}
+			}
+		case shardkvpb.WriteOp_ZREMRANGE:
+			op.Delta = int64(g.intn(4)) // 3: refused
+			for range 2 {
+				b := Bound{Kind: g.intn(4), Rank: int64(g.intn(9)) - 4, Score: float64(g.intn(5)) - 2, Lex: fmt.Appendf(nil, "m%d", g.intn(5))}
+				op.Fields = append(op.Fields, b.Encode(int(op.Delta)))
+			}
+		case shardkvpb.WriteOp_SPOP, shardkvpb.WriteOp_LPOP, shardkvpb.WriteOp_RPOP, shardkvpb.WriteOp_ZPOPMIN, shardkvpb.WriteOp_ZPOPMAX:
 			op.Delta = int64(g.intn(6)) // 0: refused
 		case shardkvpb.WriteOp_LPUSH, shardkvpb.WriteOp_RPUSH:
 			for range g.intn(5) {
@@ -335,7 +351,7 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 			for range g.intn(5) {
 				f := fmt.Appendf(nil, "f%d", g.intn(4))
 				if g.intn(16) == 0 {
-					f = bytes.Repeat([]byte{'F'}, MaxKeyBytesLimit-elemOverhead-len(op.Key)+g.intn(3)-1) // at the limit
+					f = bytes.Repeat([]byte{'F'}, max(0, MaxKeyBytesLimit-elemOverhead-len(op.Key)+g.intn(3)-1)) // at the limit
 				}
 				op.Fields = append(op.Fields, f)
 				if g.intn(8) != 0 {

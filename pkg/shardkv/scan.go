@@ -143,13 +143,17 @@ func (g *Group) Scan(after []byte, count int, match func(key []byte) bool) (keys
 		for it.Valid() {
 			k := it.Item().Key()
 			s := int(k[1])<<8 | int(k[2])
-			if !serves(shards[s]) || k[3] != tagData {
-				// Skip the rest of a shard we do not serve, or its sessions.
-				if !serves(shards[s]) {
-					it.Seek(shardPrefix(s + 1))
-				} else {
-					it.Seek(append(shardPrefix(s), tagData+1))
-				}
+			switch {
+			case !serves(shards[s]) || k[3] > tagData:
+				// The rest of a shard we do not serve, or past its value
+				// records (sessions, change index): the next shard. (A seek
+				// to tagData+1 landed on the sessions again: a scan of a
+				// shard with a session never ended.)
+				it.Seek(shardPrefix(s + 1))
+				continue
+			case k[3] < tagData:
+				// Collection elements sort first: on to the records.
+				it.Seek(append(shardPrefix(s), tagData))
 				continue
 			}
 			if examined == count {

@@ -160,6 +160,26 @@ func (g *Group) checkFields(op *shardkvpb.WriteOp) error {
 			return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("key of %d bytes: a list's key may have at most %d", len(op.Dest), g.cfg.MaxKeyBytes-elemOverhead-8), nil)
 		}
 		return nil
+	case shardkvpb.WriteOp_ZADD:
+		if e := zaddValid(op); e != "" {
+			return invalid("ZADD: bad flags %d, or %d members with %d scores (8 bytes each, not NaN)", op.Delta, len(op.Fields), len(op.FieldValues))
+		}
+		return g.checkMembers(op, 1+8)
+	case shardkvpb.WriteOp_ZREM:
+		if len(op.Fields) == 0 || len(op.FieldValues) != 0 {
+			return invalid("%d members: want at least 1", len(op.Fields))
+		}
+		return g.checkMembers(op, 1+8)
+	case shardkvpb.WriteOp_ZPOPMIN, shardkvpb.WriteOp_ZPOPMAX:
+		if op.Delta < 1 || op.Delta > maxCopyElems {
+			return invalid("pop count %d: want 1 to %d", op.Delta, maxCopyElems)
+		}
+		return nil
+	case shardkvpb.WriteOp_ZREMRANGE:
+		if _, e := zrangeOf(op); e != "" {
+			return invalid("a range needs its kind (0 rank, 1 score, 2 lex) and two bounds")
+		}
+		return nil
 	case shardkvpb.WriteOp_LINSERT:
 		if op.Delta < 0 || op.Delta > 1 {
 			return invalid("insert side %d: want 0 (before) or 1 (after)", op.Delta)
@@ -186,6 +206,17 @@ func (g *Group) checkFields(op *shardkvpb.WriteOp) error {
 	return nil
 }
 
+// checkMembers checks that each of op's fields, stored with extra bytes
+// of its own beside the key, fits a badger key.
+func (g *Group) checkMembers(op *shardkvpb.WriteOp, extra int) error {
+	for _, f := range op.Fields {
+		if n := len(op.Key) + len(f) + extra; n > g.cfg.MaxKeyBytes-elemOverhead {
+			return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("key and member of %d bytes together exceed the limit of %d", len(op.Key)+len(f), g.cfg.MaxKeyBytes-elemOverhead-extra), nil)
+		}
+	}
+	return nil
+}
+
 func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if op == nil {
 		return invalid("missing write op")
@@ -201,7 +232,7 @@ func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if len(op.Dest) > g.cfg.MaxKeyBytes {
 		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("destination key of %d bytes exceeds the limit of %d", len(op.Dest), g.cfg.MaxKeyBytes), nil)
 	}
-	if op.Kind > shardkvpb.WriteOp_LMOVE {
+	if op.Kind > shardkvpb.WriteOp_ZREMRANGE {
 		return invalid("unknown write kind %d", op.Kind)
 	}
 	if err := g.checkFields(op); err != nil {

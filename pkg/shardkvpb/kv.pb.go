@@ -117,6 +117,23 @@ const (
 	// key and push it at the head (stop 0) or the tail (1) of the list at
 	// `dest` (same shard). Values: the element moved (none if no list).
 	WriteOp_LMOVE WriteOp_Kind = 31
+	// Sorted-set ops (docs/types.md); a key of another type fails
+	// WRONGTYPE. Scores travel as 8-byte big-endian IEEE 754 bits.
+	// ZADD: set `fields` (members) to `field_values` (scores); delta holds
+	// pkg/shardkv's ZAdd* flags (NX, XX, GT, LT, CH, INCR). Num: members
+	// added (and changed, with CH); INCR: ok and value, the new score, if
+	// it was applied.
+	WriteOp_ZADD WriteOp_Kind = 32
+	// ZREM: remove `fields`. Num: removed.
+	WriteOp_ZREM WriteOp_Kind = 33
+	// ZPOPMIN, ZPOPMAX: remove up to `delta` members with the lowest or
+	// highest scores; values: member, score, member, score, ...
+	WriteOp_ZPOPMIN WriteOp_Kind = 34
+	WriteOp_ZPOPMAX WriteOp_Kind = 35
+	// ZREMRANGE: remove the members in a range: delta is the range kind
+	// (pkg/shardkv's ZByRank, ZByScore, ZByLex), fields[0] and fields[1]
+	// its bounds (pkg/shardkv's Bound encoding). Num: removed.
+	WriteOp_ZREMRANGE WriteOp_Kind = 36
 )
 
 // Enum value maps for WriteOp_Kind.
@@ -154,6 +171,11 @@ var (
 		29: "LREM",
 		30: "LINSERT",
 		31: "LMOVE",
+		32: "ZADD",
+		33: "ZREM",
+		34: "ZPOPMIN",
+		35: "ZPOPMAX",
+		36: "ZREMRANGE",
 	}
 	WriteOp_Kind_value = map[string]int32{
 		"PUT":         0,
@@ -188,6 +210,11 @@ var (
 		"LREM":        29,
 		"LINSERT":     30,
 		"LMOVE":       31,
+		"ZADD":        32,
+		"ZREM":        33,
+		"ZPOPMIN":     34,
+		"ZPOPMAX":     35,
+		"ZREMRANGE":   36,
 	}
 )
 
@@ -1888,7 +1915,7 @@ const file_kv_proto_rawDesc = "" +
 	"\aSession\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\x8f\b\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xcc\b\n" +
 	"\aWriteOp\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.shardkv.v1.WriteOp.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1911,7 +1938,7 @@ const file_kv_proto_rawDesc = "" +
 	"moreValues\x12\x16\n" +
 	"\x06fields\x18\x10 \x03(\fR\x06fields\x12!\n" +
 	"\ffield_values\x18\x11 \x03(\fR\vfieldValues\x12\x12\n" +
-	"\x04stop\x18\x12 \x01(\x03R\x04stop\"\xf2\x02\n" +
+	"\x04stop\x18\x12 \x01(\x03R\x04stop\"\xaf\x03\n" +
 	"\x04Kind\x12\a\n" +
 	"\x03PUT\x10\x00\x12\n" +
 	"\n" +
@@ -1951,7 +1978,12 @@ const file_kv_proto_rawDesc = "" +
 	"\x05LTRIM\x10\x1c\x12\b\n" +
 	"\x04LREM\x10\x1d\x12\v\n" +
 	"\aLINSERT\x10\x1e\x12\t\n" +
-	"\x05LMOVE\x10\x1f\"c\n" +
+	"\x05LMOVE\x10\x1f\x12\b\n" +
+	"\x04ZADD\x10 \x12\b\n" +
+	"\x04ZREM\x10!\x12\v\n" +
+	"\aZPOPMIN\x10\"\x12\v\n" +
+	"\aZPOPMAX\x10#\x12\r\n" +
+	"\tZREMRANGE\x10$\"c\n" +
 	"\x04Cond\x12\n" +
 	"\n" +
 	"\x06ALWAYS\x10\x00\x12\r\n" +
