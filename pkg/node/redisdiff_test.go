@@ -75,32 +75,33 @@ var diffAllow = map[string]diffRule{
 		},
 	},
 	"INCRBYFLOAT": {
-		reason: "Redis adds in long double and prints the sum with %.17Lf, trailing zeros cut " +
-			"(0.1+0.2 -> 0.3, 10.5+5000 -> 5010.60000000000000009); shardkv adds in float64 " +
-			"and rounds noise of up to 2 ulps away (0.1+0.2 -> 0.3, but long chains can differ in the last digits). A result must agree to 12 significant digits; " +
-			"an increment or a sum beyond float64's range (finite in long double) must be shardkv's NaN-or-Infinity error; " +
-			"errors otherwise match exactly",
+		reason:  incrByFloatReason,
+		compare: compareIncrByFloat,
+	},
+	"HINCRBYFLOAT": {
+		reason:  "as INCRBYFLOAT: " + incrByFloatReason,
+		compare: compareIncrByFloat,
+	},
+	"HGETALL": {
+		reason:  "a hash's fields come in insertion order (small hash) or the hash table's in Redis, in field order in shardkv; the same pairs must come",
+		compare: func(_ []string, a, b respValue) string { return compareUnordered(a, b, 2) },
+	},
+	"HKEYS": {
+		reason:  "as HGETALL: the same fields in another order",
+		compare: func(_ []string, a, b respValue) string { return compareUnordered(a, b, 1) },
+	},
+	"HVALS": {
+		reason:  "as HGETALL: the same values in another order",
+		compare: func(_ []string, a, b respValue) string { return compareUnordered(a, b, 1) },
+	},
+	"HRANDFIELD": {
+		reason: "random fields in random order; scripts use only the deterministic forms (a count of at least the hash's size, a hash of one field), whose fields must match in any order",
 		compare: func(args []string, a, b respValue) string {
-			if a.String() == b.String() {
-				return ""
+			group := 1
+			if len(args) == 4 && strings.EqualFold(args[3], "withvalues") && (len(a.arr) == 0 || a.arr[0].kind != '*') {
+				group = 2 // RESP2: field, value, field, value ...
 			}
-			if a.kind != '$' || a.null {
-				return "replies differ"
-			}
-			fa, errA := strconv.ParseFloat(a.str, 64)
-			_, errIncr := strconv.ParseFloat(args[len(args)-1], 64)
-			if (errors.Is(errA, strconv.ErrRange) || errors.Is(errIncr, strconv.ErrRange)) &&
-				b.String() == "-ERR increment would produce NaN or Infinity" {
-				return ""
-			}
-			if b.kind != '$' || b.null {
-				return "replies differ"
-			}
-			fb, errB := strconv.ParseFloat(b.str, 64)
-			if errA != nil || errB != nil || math.Abs(fa-fb) > 1e-12*max(math.Abs(fa), math.Abs(fb)) {
-				return "results differ beyond float64 rounding"
-			}
-			return ""
+			return compareUnordered(a, b, group)
 		},
 	},
 	"SCAN": {
@@ -231,6 +232,64 @@ var diffAllow = map[string]diffRule{
 			return ""
 		},
 	},
+}
+
+const incrByFloatReason = "Redis adds in long double and prints the sum with %.17Lf, trailing zeros cut " +
+	"(0.1+0.2 -> 0.3, 10.5+5000 -> 5010.60000000000000009); shardkv adds in float64 " +
+	"and rounds noise of up to 2 ulps away (0.1+0.2 -> 0.3, but long chains can differ in the last digits). A result must agree to 12 significant digits; " +
+	"an increment or a sum beyond float64's range (finite in long double) must be shardkv's NaN-or-Infinity error; " +
+	"errors otherwise match exactly"
+
+// compareUnordered compares two arrays (or maps) as multisets of runs of
+// group elements; other replies must be equal.
+func compareUnordered(a, b respValue, group int) string {
+	if a.kind != b.kind || a.null != b.null || (a.kind != '*' && a.kind != '%') {
+		if a.String() != b.String() {
+			return "replies differ"
+		}
+		return ""
+	}
+	sorted := func(v respValue) string {
+		var runs []string
+		for i := 0; i+group <= len(v.arr); i += group {
+			var parts []string
+			for _, e := range v.arr[i : i+group] {
+				parts = append(parts, e.String())
+			}
+			runs = append(runs, strings.Join(parts, "="))
+		}
+		slices.Sort(runs)
+		return fmt.Sprintf("%d:%s", len(v.arr), strings.Join(runs, ","))
+	}
+	if sorted(a) != sorted(b) {
+		return "elements differ: " + sorted(a) + " / " + sorted(b)
+	}
+	return ""
+}
+
+// compareIncrByFloat is INCRBYFLOAT's and HINCRBYFLOAT's rule (see
+// incrByFloatReason).
+func compareIncrByFloat(args []string, a, b respValue) string {
+	if a.String() == b.String() {
+		return ""
+	}
+	if a.kind != '$' || a.null {
+		return "replies differ"
+	}
+	fa, errA := strconv.ParseFloat(a.str, 64)
+	_, errIncr := strconv.ParseFloat(args[len(args)-1], 64)
+	if (errors.Is(errA, strconv.ErrRange) || errors.Is(errIncr, strconv.ErrRange)) &&
+		b.String() == "-ERR increment would produce NaN or Infinity" {
+		return ""
+	}
+	if b.kind != '$' || b.null {
+		return "replies differ"
+	}
+	fb, errB := strconv.ParseFloat(b.str, 64)
+	if errA != nil || errB != nil || math.Abs(fa-fb) > 1e-12*max(math.Abs(fa), math.Abs(fb)) {
+		return "results differ beyond float64 rounding"
+	}
+	return ""
 }
 
 // --- a minimal RESP client ---

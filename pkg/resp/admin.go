@@ -1,7 +1,9 @@
 package resp
 
 import (
+	"context"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -11,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/shardkv"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"github.com/tidwall/redcon"
 )
 
@@ -357,12 +361,15 @@ type cursorTable struct {
 
 func newCursorTable() *cursorTable { return &cursorTable{pos: map[uint64][]byte{}} }
 
-func (t *cursorTable) put(pos []byte) uint64 {
+func (t *cursorTable) put(pos []byte) uint64 { return t.putBelow(pos, 63) }
+
+// putBelow is put with an id below 2^bits.
+func (t *cursorTable) putBelow(pos []byte, bits uint) uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var id uint64
 	for id == 0 || t.pos[id] != nil {
-		id = rand.Uint64() >> 1 // positive as a signed 64-bit number too
+		id = rand.Uint64() >> (64 - bits) // 63 bits: positive as a signed 64-bit number too
 	}
 	t.pos[id] = pos
 	t.order = append(t.order, id)
@@ -402,7 +409,7 @@ func cmdScan(c *conn, p *pipeline, args [][]byte, _ int) {
 	}
 	count := int64(10)
 	var pattern []byte
-	stringsOK := true
+	var typeName string
 	for i := 2; i < len(args); i += 2 {
 		if i+1 >= len(args) {
 			p.reply(errReply(errSyntax))
@@ -426,8 +433,7 @@ func cmdScan(c *conn, p *pipeline, args [][]byte, _ int) {
 				pattern = nil
 			}
 		case strings.EqualFold(opt, "type"):
-			// Every key is a string; another type matches nothing.
-			stringsOK = strings.EqualFold(string(args[i+1]), "string")
+			typeName = strings.ToLower(string(args[i+1]))
 		default:
 			p.reply(errReply(errSyntax))
 			return
@@ -435,7 +441,9 @@ func cmdScan(c *conn, p *pipeline, args [][]byte, _ int) {
 	}
 	var match func([]byte) bool
 	switch {
-	case !stringsOK:
+	case !knownType(typeName):
+		// Redis compares the name with each key's type: no key has this
+		// one.
 		match = func([]byte) bool { return false }
 	case pattern != nil:
 		match = func(k []byte) bool { return glob(pattern, k, false) }
@@ -445,6 +453,13 @@ func cmdScan(c *conn, p *pipeline, args [][]byte, _ int) {
 	if err != nil {
 		p.reply(errReply("ERR " + err.Error()))
 		return
+	}
+	if typeName != "" && len(keys) > 0 {
+		var e []byte
+		if keys, e = c.s.keysOfType(keys, typeName, p.deadline); e != nil {
+			p.reply(e)
+			return
+		}
 	}
 	cursor := "0"
 	if next != nil {
@@ -457,4 +472,75 @@ func cmdScan(c *conn, p *pipeline, args [][]byte, _ int) {
 		b = redcon.AppendBulk(b, k)
 	}
 	p.reply(b)
+}
+
+// knownType reports whether name ("" for none) may be a key's type name.
+func knownType(name string) bool {
+	switch name {
+	case "", "string", "hash", "list", "set", "zset":
+		return true
+	}
+	return false
+}
+
+// maxTypeReadBytes bounds the values one read of keysOfType holds: the
+// types are in the keys' records, read with their values.
+const maxTypeReadBytes = 4 << 20
+
+// keysOfType returns the keys (of shards this replica serves: a SCAN
+// page) whose value is of type name, reading them as follower reads
+// (ReadKeys: after a ReadIndex round) by chunks of at most
+// maxTypeReadBytes of values; or the error reply. A key that is gone, or
+// has left this replica's shards meanwhile, is left out.
+func (s *Server) keysOfType(keys [][]byte, name string, deadline time.Time) ([][]byte, []byte) {
+	var out [][]byte
+	for len(keys) > 0 {
+		used, noMemory := 0, false
+		reserve := func(n int) bool {
+			n += 16
+			if used > 0 && used+n > maxTypeReadBytes {
+				return false
+			}
+			if !s.outBudget.take(int64(n)) {
+				noMemory = true
+				return false
+			}
+			used += n
+			return true
+		}
+		ctx, cancel := s.roundContext(s.cfg.ReadTimeout, &item{deadline: deadline})
+		vals, err := s.b.ReadKeys(ctx, keys, true, reserve)
+		timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
+		cancel()
+		s.outBudget.give(int64(used))
+		var ref *shardkvpb.Refusal
+		switch {
+		case errors.As(err, &ref) && len(keys) > 1:
+			// Some key left: read each alone.
+			for _, k := range keys {
+				one, e := s.keysOfType([][]byte{k}, name, deadline)
+				if e != nil {
+					return nil, e
+				}
+				out = append(out, one...)
+			}
+			return out, nil
+		case errors.As(err, &ref):
+			return out, nil
+		case errors.Is(err, shardkv.ErrReadLimit) && noMemory && len(vals) == 0:
+			s.stats.outputRefusals.Add(1)
+			return nil, errReply(s.outputFull())
+		case err != nil && !errors.Is(err, shardkv.ErrReadLimit):
+			return nil, s.readFailure(err, timedOut, -1)
+		case len(vals) == 0 || len(vals) > len(keys):
+			return nil, errReply(fmt.Sprintf("ERR read failed: backend returned %d values for %d keys", len(vals), len(keys)))
+		}
+		for i, v := range vals {
+			if v.Found && v.Type.String() == name {
+				out = append(out, keys[i])
+			}
+		}
+		keys = keys[len(vals):]
+	}
+	return out, nil
 }

@@ -32,6 +32,9 @@ func cmdGetBit(c *conn, p *pipeline, args [][]byte, slot int) {
 		return
 	}
 	c.readKeys(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
+		if wrongType(v[0]) {
+			return errReply(errWrongType)
+		}
 		if i := off >> 3; i < int64(len(v[0].Value)) && v[0].Value[i]&(0x80>>(off&7)) != 0 {
 			return redcon.AppendInt(nil, 1)
 		}
@@ -57,7 +60,7 @@ func cmdSetBit(c *conn, p *pipeline, args [][]byte, slot int) {
 		return
 	}
 	if off>>3 >= int64(c.s.cfg.MaxValueBytes) {
-		p.reply(errReply(opErrorText(shardkvpb.OpErrValueTooLarge)))
+		c.refuseString(p, slot, args[1], errReply(opErrorText(shardkvpb.OpErrValueTooLarge)))
 		return
 	}
 	op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_SET_BIT, Key: args[1], Delta: off, Value: []byte{byte(on)}}
@@ -100,8 +103,11 @@ func parseBitUnit(b []byte) (isBit, ok bool) {
 // cmdBitCount: BITCOUNT key [start end [BYTE|BIT]].
 func cmdBitCount(c *conn, p *pipeline, args [][]byte, slot int) {
 	c.readKeys(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
-		if !v[0].Found {
+		switch {
+		case !v[0].Found:
 			return redcon.AppendInt(nil, 0)
+		case wrongType(v[0]):
+			return errReply(errWrongType)
 		}
 		val := v[0].Value
 		lo, hi, ok := int64(0), int64(len(val))*8-1, len(val) > 0
@@ -166,8 +172,11 @@ func cmdBitPos(c *conn, p *pipeline, args [][]byte, slot int) {
 		return
 	}
 	c.readKeys(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
-		if !v[0].Found {
+		switch {
+		case !v[0].Found:
 			return redcon.AppendInt(nil, map[bool]int64{true: -1, false: 0}[bit == 1])
+		case wrongType(v[0]):
+			return errReply(errWrongType)
 		}
 		val := v[0].Value
 		n := int64(len(val))

@@ -80,6 +80,9 @@ func commandTable() map[string]*command {
 		aStrRS   = []string{"@read", "@string", "@slow"}
 		aBitR    = []string{"@read", "@bitmap", "@fast"}
 		aStrWS   = []string{"@write", "@string", "@slow"}
+		aHashR   = []string{"@read", "@hash", "@fast"}
+		aHashRS  = []string{"@read", "@hash", "@slow"}
+		aHashW   = []string{"@write", "@hash", "@fast"}
 		fWriteD  = []string{"write", "denyoom"}
 		aKeyR    = []string{"@keyspace", "@read", "@fast"}
 		aKeyW    = []string{"@keyspace", "@write", "@fast"}
@@ -127,6 +130,23 @@ func commandTable() map[string]*command {
 		key1("bitcount", -2, []string{"readonly"}, []string{"@read", "@bitmap", "@slow"}, []string{"RO", "access"}, cmdBitCount),
 		key1("bitpos", -3, []string{"readonly"}, []string{"@read", "@bitmap", "@slow"}, []string{"RO", "access"}, cmdBitPos),
 		keys("msetnx", -3, fWriteD, aStrWS, []string{"request_policy:multi_shard", "response_policy:agg_min"}, []string{"OW", "insert"}, 2, cmdMSetNX),
+		// Hashes.
+		key1("hset", -4, fWriteDO, aHashW, []string{"RW", "update"}, cmdHSet),
+		key1("hmset", -4, fWriteDO, aHashW, []string{"RW", "update"}, cmdHSet),
+		key1("hsetnx", 4, fWriteDO, aHashW, []string{"RW", "insert"}, cmdHSetNX),
+		key1("hget", 3, fRO, aHashR, []string{"RO", "access"}, cmdHGet),
+		key1("hmget", -3, fRO, aHashR, []string{"RO", "access"}, cmdHMGet),
+		{name: "hgetall", arity: 2, flags: []string{"readonly"}, first: 1, last: 1, step: 1, acl: aHashRS, tips: []string{"nondeterministic_output_order"}, keyFlags: []string{"RO", "access"}, run: cmdHGetAll},
+		{name: "hkeys", arity: 2, flags: []string{"readonly"}, first: 1, last: 1, step: 1, acl: aHashRS, tips: []string{"nondeterministic_output_order"}, keyFlags: []string{"RO", "access"}, run: cmdHGetAll},
+		{name: "hvals", arity: 2, flags: []string{"readonly"}, first: 1, last: 1, step: 1, acl: aHashRS, tips: []string{"nondeterministic_output_order"}, keyFlags: []string{"RO", "access"}, run: cmdHGetAll},
+		key1("hdel", -3, fWrite, aHashW, []string{"RW", "delete"}, cmdHDel),
+		key1("hexists", 3, fRO, aHashR, []string{"RO"}, cmdHExists),
+		key1("hlen", 2, fRO, aHashR, []string{"RO"}, cmdHLen),
+		key1("hstrlen", 3, fRO, aHashR, []string{"RO"}, cmdHStrlen),
+		key1("hincrby", 4, fWriteDO, aHashW, []string{"RW", "access", "update"}, cmdHIncrBy),
+		key1("hincrbyfloat", 4, fWriteDO, aHashW, []string{"RW", "access", "update"}, cmdHIncrByFloat),
+		{name: "hrandfield", arity: -2, flags: []string{"readonly"}, first: 1, last: 1, step: 1, acl: aHashRS, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO", "access"}, run: cmdHRandField},
+		{name: "hscan", arity: -3, flags: []string{"readonly"}, first: 1, last: 1, step: 1, acl: aHashRS, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO", "access"}, run: cmdHScan},
 		// Keys.
 		keys("del", -2, []string{"write"}, []string{"@keyspace", "@write", "@slow"}, sum, []string{"RM", "delete"}, 1, cmdDel),
 		keys("unlink", -2, fWrite, aKeyW, sum, []string{"RM", "delete"}, 1, cmdDel),

@@ -19,6 +19,7 @@ const (
 	errSyntax     = "ERR syntax error"
 	errNotInteger = "ERR value is not an integer or out of range"
 	errNotFloat   = "ERR value is not a valid float"
+	errWrongType  = "WRONGTYPE Operation against a key holding the wrong kind of value"
 )
 
 // parseInt parses an integer argument as Redis's string2ll does: a
@@ -72,10 +73,29 @@ func writeOps(p *pipeline, slot int, ops []*shardkvpb.WriteOp, render func([]*sh
 	p.write(&item{slot: slot, ops: ops, onWrite: render})
 }
 
+// wrongType reports whether a string command that read e must answer
+// WRONGTYPE: the key holds a value of another type.
+func wrongType(e shardkv.ValueEntry) bool { return e.Found && e.Type != shardkv.TypeString }
+
+// refuseString answers a string command on key with the error e, found
+// before proposing (an argument out of the server's limits), unless key
+// holds another type: Redis checks the key's type first.
+func (c *conn) refuseString(p *pipeline, slot int, key, e []byte) {
+	c.readKeys(p, slot, [][]byte{key}, func(v []shardkv.ValueEntry) []byte {
+		if wrongType(v[0]) {
+			return errReply(errWrongType)
+		}
+		return e
+	})
+}
+
 func cmdGet(c *conn, p *pipeline, args [][]byte, slot int) {
 	c.readKeys(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
-		if !v[0].Found {
+		switch {
+		case !v[0].Found:
 			return c.null()
+		case wrongType(v[0]):
+			return errReply(errWrongType)
 		}
 		return redcon.AppendBulk(nil, v[0].Value)
 	})
@@ -83,6 +103,9 @@ func cmdGet(c *conn, p *pipeline, args [][]byte, slot int) {
 
 func cmdStrlen(c *conn, p *pipeline, args [][]byte, slot int) {
 	c.readKeys(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
+		if wrongType(v[0]) {
+			return errReply(errWrongType)
+		}
 		return redcon.AppendInt(nil, int64(len(v[0].Value)))
 	})
 }
@@ -90,17 +113,19 @@ func cmdStrlen(c *conn, p *pipeline, args [][]byte, slot int) {
 func cmdType(c *conn, p *pipeline, args [][]byte, slot int) {
 	c.readKeys(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
 		if v[0].Found {
-			return redcon.AppendString(nil, "string")
+			return redcon.AppendString(nil, v[0].Type.String())
 		}
 		return redcon.AppendString(nil, "none")
 	})
 }
 
+// cmdMGet: MGET key [key ...]; a key of another type than a string is nil,
+// as in Redis.
 func cmdMGet(c *conn, p *pipeline, args [][]byte, slot int) {
 	c.readKeys(p, slot, args[1:], func(v []shardkv.ValueEntry) []byte {
 		b := redcon.AppendArray(nil, len(v))
 		for _, e := range v {
-			if e.Found {
+			if e.Found && e.Type == shardkv.TypeString {
 				b = redcon.AppendBulk(b, e.Value)
 			} else {
 				b = c.appendNull(b)
@@ -326,10 +351,10 @@ func cmdIncrByFloat(c *conn, p *pipeline, args [][]byte, slot int) {
 	f, err := strconv.ParseFloat(string(args[2]), 64)
 	switch {
 	case errors.Is(err, strconv.ErrRange) && math.IsInf(f, 0):
-		p.reply(errReply("ERR increment would produce NaN or Infinity"))
+		c.refuseString(p, slot, args[1], errReply("ERR increment would produce NaN or Infinity"))
 		return
 	case err != nil || math.IsNaN(f):
-		p.reply(errReply(errNotFloat))
+		c.refuseString(p, slot, args[1], errReply(errNotFloat))
 		return
 	}
 	op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_INCR_FLOAT, Key: args[1], Value: args[2]}

@@ -20,11 +20,13 @@ var (
 		"incrbyfloat", "mget", "mset", "del", "unlink", "exists", "type", "expire", "pexpire", "expireat", "pexpireat", "ttl", "pttl",
 		"persist", "scan", "dbsize", "ping", "echo", "hello", "auth", "select", "quit", "readonly", "readwrite", "asking", "client",
 		"command", "config", "cluster", "info", "getex", "getrange", "substr", "setrange", "setex", "psetex", "touch", "expiretime",
-		"pexpiretime", "rename", "renamenx", "copy", "keys", "time", "flushall", "flushdb", "function", "msetnx", "getbit", "setbit", "bitcount", "bitpos", "randomkey", "object", "dump", "restore"}
+		"pexpiretime", "rename", "renamenx", "copy", "keys", "time", "flushall", "flushdb", "function", "msetnx", "getbit", "setbit", "bitcount", "bitpos", "randomkey", "object", "dump", "restore",
+		"hset", "hmset", "hsetnx", "hget", "hmget", "hgetall", "hkeys", "hvals", "hdel", "hexists", "hlen", "hstrlen", "hincrby", "hincrbyfloat", "hrandfield", "hscan"}
 	fuzzWords = []string{"k", "{t}a", "{t}b", "n", "", "id", "setname", "getname", "setinfo", "lib-name", "info", "list", "help",
 		"count", "docs", "getkeys", "myid", "keyslot", "slots", "shards", "nodes", "countkeysinslot", "getkeysinslot", "ex", "px",
 		"exat", "pxat", "nx", "xx", "gt", "lt", "get", "keepttl", "match", "*", "type", "string", "auth", "setname", "default", "persist", "replace", "db", "{t}*", "flush", "async", "sync", "bit", "byte", "encoding", "refcount", "freq", "idletime", "absttl",
-		"0", "1", "-1", "2", "3", "100", "16383", "16384", "1000000000", "9223372036854775807", "-9223372036854775808", "1.5", "nan", "inf", "1e400"}
+		"0", "1", "-1", "2", "3", "100", "16383", "16384", "1000000000", "9223372036854775807", "-9223372036854775808", "1.5", "nan", "inf", "1e400",
+		"withvalues", "hash", "f", "g", "4611686018427387904", "-4611686018427387904"}
 )
 
 // dispatchServer starts one data group of one replica with its RESP

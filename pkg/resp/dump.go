@@ -231,14 +231,29 @@ func lzfDecompress(in []byte, n int) ([]byte, error) {
 	return out, nil
 }
 
-// cmdDump: DUMP key, its serialized value (nil if it does not exist).
+// cmdDump: DUMP key, its serialized value (nil if it does not exist). A
+// hash's elements are read too, so DUMP reads now, after what the
+// pipeline has pending.
 func cmdDump(c *conn, p *pipeline, args [][]byte, slot int) {
-	c.readKeys(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
-		if !v[0].Found {
-			return c.null()
-		}
-		return redcon.AppendBulk(nil, dumpString(v[0].Value))
-	})
+	it := c.startNow(p, slot)
+	if it == nil {
+		return
+	}
+	b := &replyBound{s: c.s}
+	e, r, ok := c.readAnyNow(it, args[1], shardkv.ElemQuery{All: true}, b, nil)
+	switch {
+	case !ok:
+		return
+	case !e.Found:
+		it.out = c.null()
+	case e.Type == shardkv.TypeHash:
+		it.out = redcon.AppendBulk(nil, dumpHash(r.Elems))
+	case e.Type != shardkv.TypeString:
+		it.out = errReply("ERR shardkv cannot DUMP a value of type " + e.Type.String())
+	default:
+		it.out = redcon.AppendBulk(nil, dumpString(e.Value))
+	}
+	it.charge += int64(b.used)
 }
 
 // cmdRestore: RESTORE key ttl payload [REPLACE] [ABSTTL] [IDLETIME s]

@@ -148,11 +148,45 @@ func cmdRandomKey(c *conn, p *pipeline, _ [][]byte, _ int) {
 
 // cmdObject serves OBJECT ENCODING, REFCOUNT, FREQ and IDLETIME key. A
 // value is reported in the encoding Redis would give it (int, embstr or
-// raw); nothing is shared (REFCOUNT 1). Access is not tracked: FREQ
-// answers Redis's error for a server without an LFU policy (there is no
-// eviction), IDLETIME says so.
+// raw; a hash: listpack or hashtable, see hashEncoding); nothing is
+// shared (REFCOUNT 1). Access is not tracked: FREQ answers Redis's error
+// for a server without an LFU policy (there is no eviction), IDLETIME
+// says so.
 func cmdObject(c *conn, p *pipeline, args [][]byte, slot int) {
 	sub := strings.ToLower(string(args[1]))
+	if sub == "encoding" {
+		// A hash's encoding depends on its fields: read now, after what
+		// the pipeline has pending.
+		it := c.startNow(p, slot)
+		if it == nil {
+			return
+		}
+		b := &replyBound{s: c.s}
+		// A field or value past the listpack bound ends the read: the
+		// hash is a hashtable.
+		long := false
+		small := func(n int) bool {
+			long = long || n > 2*hashListpackValue
+			return !long
+		}
+		e, r, ok := c.readAnyNow(it, args[2], shardkv.ElemQuery{All: true, Count: hashListpackEntries}, b, small)
+		switch {
+		case !ok:
+			return
+		case !e.Found:
+			it.out = c.null()
+		case e.Type == shardkv.TypeHash && long:
+			it.out = redcon.AppendBulkString(nil, "hashtable")
+		case e.Type == shardkv.TypeHash:
+			it.out = redcon.AppendBulkString(nil, hashEncoding(r.Len, r.Elems))
+		case e.Type != shardkv.TypeString:
+			it.out = errReply("ERR shardkv does not report the encoding of a value of type " + e.Type.String())
+		default:
+			it.out = redcon.AppendBulkString(nil, stringEncoding(e.Value))
+		}
+		b.release() // the reply holds none of the values read
+		return
+	}
 	c.readKeys(p, slot, args[2:3], func(v []shardkv.ValueEntry) []byte {
 		if !v[0].Found {
 			return c.null()

@@ -159,16 +159,28 @@ func (p *pipeline) read(it *item) {
 	p.nkeys += len(it.keys)
 }
 
-// logReadOps read keys inside a write batch: each an EXPIRE that never
-// applies (a time of 0 is never greater than a key's expiry, and no expiry
-// counts as an infinite one) and returns the key's live value as of its
-// place in the log.
+// logReadOps read keys inside a write batch: each a READ op, which
+// changes nothing and returns the key's live value (and its type) as of
+// its place in the log.
 func logReadOps(keys [][]byte) []*shardkvpb.WriteOp {
 	ops := make([]*shardkvpb.WriteOp, len(keys))
 	for i, k := range keys {
-		ops[i] = &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_EXPIRE, Cond: shardkvpb.WriteOp_IF_GREATER, Key: k, ReturnPrev: true}
+		ops[i] = &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_READ, Key: k, ReturnPrev: true}
 	}
 	return ops
+}
+
+// opBytes is what op adds to a batch's ops (maxBatchBytes): its key,
+// value and fields.
+func opBytes(op *shardkvpb.WriteOp) int {
+	n := len(op.Key) + len(op.Value) + 16
+	for i, f := range op.Fields {
+		n += len(f) + 16
+		if i < len(op.FieldValues) {
+			n += len(op.FieldValues[i])
+		}
+	}
+	return n
 }
 
 // write adds a write, or a read made in the log (it.logRead), to the
@@ -183,7 +195,7 @@ func (p *pipeline) write(it *item) bool {
 	}
 	size, ret := 0, 0
 	for _, op := range it.ops {
-		size += len(op.Key) + len(op.Value) + 16
+		size += opBytes(op)
 		if op.ReturnPrev {
 			ret += p.returned(string(op.Key))
 		}
@@ -298,6 +310,27 @@ func (p *pipeline) written(op *shardkvpb.WriteOp, commit bool) int {
 			p.noteSize(op.Key, len(op.Value))
 		}
 		return w + len(op.Key) + len(op.Value) + 32
+	case shardkvpb.WriteOp_HSET, shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_HINCR, shardkvpb.WriteOp_HINCR_FLOAT:
+		// Each field is a record of its own (with its change index
+		// entry), and the key's record holds the hash's size. A hash has
+		// no value size: an op that moves it (RENAME, COPY) is counted at
+		// the value limit.
+		w := len(op.Key) + 64
+		for i, f := range op.Fields {
+			w += 2 * (len(op.Key) + len(f) + 32)
+			if i < len(op.FieldValues) {
+				w += len(op.FieldValues[i])
+			}
+		}
+		if op.Kind == shardkvpb.WriteOp_HINCR || op.Kind == shardkvpb.WriteOp_HINCR_FLOAT {
+			w += 32
+		}
+		if commit {
+			p.forgetSize(op.Key)
+		}
+		return w
+	case shardkvpb.WriteOp_READ:
+		return 0
 	case shardkvpb.WriteOp_RENAME, shardkvpb.WriteOp_COPY:
 		// The destination takes the source's value; a renamed source
 		// becomes a tombstone.
@@ -324,7 +357,7 @@ func (p *pipeline) learn(items []*item) {
 		}
 		if it.logRead {
 			for i, r := range it.res {
-				p.noteSize(it.ops[i].Key, len(r.Prev))
+				p.noteEntry(it.ops[i].Key, shardkv.ValueEntry{Found: r.PrevFound, Type: shardkv.ValueType(r.PrevType), Value: r.Prev})
 			}
 			continue
 		}

@@ -114,7 +114,7 @@ func (p *pipeline) answer(g *readGroup) (again []*item) {
 			vals := make([]shardkv.ValueEntry, len(idx))
 			for i, d := range idx {
 				vals[i] = g.vals[d]
-				p.noteSize(it.keys[i], len(vals[i].Value))
+				p.noteEntry(it.keys[i], vals[i])
 			}
 			if e := s.replyTooLarge(vals); e != nil {
 				it.out = e
@@ -151,6 +151,20 @@ func (p *pipeline) noteSize(key []byte, n int) {
 	}
 	p.c.sizes[string(key)] = n
 }
+
+// noteEntry notes the value size a read found for key; a collection
+// has none (what moves with it is its elements), so its size becomes
+// unknown.
+func (p *pipeline) noteEntry(key []byte, e shardkv.ValueEntry) {
+	if e.Found && e.Type != shardkv.TypeString {
+		p.forgetSize(key)
+		return
+	}
+	p.noteSize(key, len(e.Value))
+}
+
+// forgetSize makes key's value size unknown (counted at the value limit).
+func (p *pipeline) forgetSize(key []byte) { delete(p.c.sizes, string(key)) }
 
 // outputFull is the error for a read refused for the output budget.
 func (s *Server) outputFull() string {
@@ -204,15 +218,21 @@ func (s *Server) read(g *readGroup) {
 
 // readError is the reply to a failed read.
 func (s *Server) readError(g *readGroup, slot int) []byte {
+	return s.readFailure(g.err, g.timedOut, slot)
+}
+
+// readFailure is the reply to a read of slot that failed with err
+// (timedOut: its context's deadline passed).
+func (s *Server) readFailure(err error, timedOut bool, slot int) []byte {
 	var ref *shardkvpb.Refusal
 	switch {
-	case errors.As(g.err, &ref):
+	case errors.As(err, &ref):
 		return s.refusal(ref, slot)
-	case g.timedOut && s.ctx.Err() == nil:
+	case timedOut && s.ctx.Err() == nil:
 		// A read has no side effect, so a retry is always safe: let the
 		// client retry (no quorum reachable, or an election under way).
 		s.stats.refused.Add(1)
 		return redcon.AppendError(nil, "TRYAGAIN read timed out waiting for the group's quorum; please retry")
 	}
-	return redcon.AppendError(nil, "ERR read failed: "+g.err.Error())
+	return redcon.AppendError(nil, "ERR read failed: "+err.Error())
 }

@@ -166,20 +166,33 @@ func (s *Server) writeReply(it *item, outs []shardkv.WriteOutcome) []byte {
 				// estimates allowed for (another client grew a value).
 				return redcon.AppendError(nil, opErrorText(r.Error))
 			}
-			vals[i] = shardkv.ValueEntry{Found: r.PrevFound, Value: r.Prev}
+			vals[i] = shardkv.ValueEntry{Found: r.PrevFound, Type: shardkv.ValueType(r.PrevType), Value: r.Prev}
 		}
 		if e := s.replyTooLarge(vals); e != nil {
 			return e
 		}
 		return it.onRead(vals)
 	}
-	for _, r := range res {
+	for i, r := range res {
 		if r.Error != "" {
 			// An error decided at apply; the op changed nothing.
-			return redcon.AppendError(nil, opErrorText(r.Error))
+			return redcon.AppendError(nil, opErrorTextFor(it.ops[i].Kind, r.Error))
 		}
 	}
 	return it.onWrite(res)
+}
+
+// opErrorTextFor is opErrorText for an op of kind: a hash field's value
+// that is not a number has its own text (Redis's hincrby and
+// hincrbyfloat).
+func opErrorTextFor(kind shardkvpb.WriteOp_Kind, code string) string {
+	switch {
+	case kind == shardkvpb.WriteOp_HINCR && code == shardkvpb.OpErrNotInteger:
+		return "ERR hash value is not an integer"
+	case kind == shardkvpb.WriteOp_HINCR_FLOAT && code == shardkvpb.OpErrNotFloat:
+		return "ERR hash value is not a float"
+	}
+	return opErrorText(code)
 }
 
 // opErrorText is Redis's text for an op error decided at apply; an error
@@ -210,6 +223,10 @@ func opErrorText(code string) string {
 		return "ERR offset is out of range"
 	case shardkvpb.OpErrBadRecord:
 		return "ERR a stored record could not be decoded (see the server log)"
+	case shardkvpb.OpErrWrongType:
+		return errWrongType
+	case shardkvpb.OpErrInvalidOp:
+		return "ERR the server refused a malformed write op (INVALID_OP)"
 	}
 	if strings.Contains(code, " ") {
 		return code // already a Redis error text

@@ -37,6 +37,7 @@ func TestRESP(t *testing.T) {
 	e.run(t, "Auth", e.testAuth)
 	e.run(t, "Limits", e.testLimits)
 	e.run(t, "Outcomes", e.testOutcomes)
+	e.run(t, "Hashes", e.testHashes)
 	e.run(t, "Close", e.testClose)
 	e.run(t, "LeaderIsolated", e.testLeaderIsolated) // last: it disturbs gA
 }

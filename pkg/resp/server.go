@@ -50,6 +50,11 @@ type Backend interface {
 	// ReadKeys reads keys of one slot linearizably.
 	// reserve bounds what it holds (see shardkv.Group.ReadKeys).
 	ReadKeys(ctx context.Context, keys [][]byte, followerReads bool, reserve func(bytes int) bool) ([]shardkv.ValueEntry, error)
+	// ReadElems reads elements of the collection at key linearizably
+	// (refusals as ReadKeys; reserve: each element's size, ErrReadLimit
+	// when it refuses). A key of another type than q.Type is reported in
+	// the reply's Entry with no element read.
+	ReadElems(ctx context.Context, key []byte, q shardkv.ElemQuery, followerReads bool, reserve func(bytes int) bool) (shardkv.ElemsReply, error)
 	// WriteBatch proposes ops as one log entry.
 	WriteBatch(ctx context.Context, ops []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error)
 	// Topology is what the replica knows of the cluster: configs, leaders.

@@ -63,8 +63,11 @@ func cmdGetEx(c *conn, p *pipeline, args [][]byte, slot int) {
 			// Redis looks the key up first: an absent key is nil whatever
 			// the time.
 			c.readKeys(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
-				if !v[0].Found {
+				switch {
+				case !v[0].Found:
 					return c.null()
+				case wrongType(v[0]):
+					return errReply(errWrongType)
 				}
 				return e
 			})
@@ -95,6 +98,9 @@ func cmdGetRange(c *conn, p *pipeline, args [][]byte, slot int) {
 		return
 	}
 	c.readKeys(p, slot, args[1:2], func(v []shardkv.ValueEntry) []byte {
+		if wrongType(v[0]) {
+			return errReply(errWrongType)
+		}
 		return redcon.AppendBulk(nil, valueRange(v[0].Value, start, end))
 	})
 }
@@ -145,7 +151,7 @@ func cmdSetRange(c *conn, p *pipeline, args [][]byte, slot int) {
 		return
 	}
 	if len(args[3]) > 0 && off > int64(c.s.cfg.MaxValueBytes-len(args[3])) {
-		p.reply(errReply(opErrorText(shardkvpb.OpErrValueTooLarge)))
+		c.refuseString(p, slot, args[1], errReply(opErrorText(shardkvpb.OpErrValueTooLarge)))
 		return
 	}
 	op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_SET_RANGE, Key: args[1], Value: args[3], Delta: off}

@@ -20,6 +20,10 @@ func (v *viewBackend) ReadKeys(context.Context, [][]byte, bool, func(int) bool) 
 	return nil, &shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Msg: "no config yet"}
 }
 
+func (v *viewBackend) ReadElems(context.Context, []byte, shardkv.ElemQuery, bool, func(int) bool) (shardkv.ElemsReply, error) {
+	return shardkv.ElemsReply{}, &shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Msg: "no config yet"}
+}
+
 func (v *viewBackend) WriteBatch(context.Context, []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error) {
 	return nil, &shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Msg: "no config yet"}
 }
