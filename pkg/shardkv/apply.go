@@ -62,6 +62,8 @@ type applyCtx struct {
 	// Client sessions read by the current entry, by session key, written
 	// back once at its end (flushSessions).
 	sessions map[string]*stagedSession
+	// touched: keys written since the last commit, for key watchers.
+	touched []string
 }
 
 // entryBuf is one write command's records, last write of each key wins.
@@ -203,8 +205,11 @@ func (a *applyCtx) commit(final bool) error {
 		return err
 	}
 	metas, config, prev, logTime, changed := a.metas, a.config, a.prev, a.lastNS, a.changed
+	touched := a.touched
+	a.touched = nil
 	sm := a.sm
 	a.b.AfterCommit(func() {
+		defer sm.watches.notify(touched, changed)
 		sm.mu.Lock()
 		for s, m := range metas {
 			if m.State == NotOwned {
@@ -380,6 +385,8 @@ func (a *applyCtx) write(op *shardkvpb.WriteOp) (OpResult, error) {
 	if err != nil {
 		return OpResult{}, err
 	}
+	a.noteWrite(op.Key, op.Dest)
+	a.noteWrite(op.MoreKeys...)
 	if sess != nil {
 		sess.LastNS = a.nowNS
 		sess.add(doneOf(op.Session.Seq, res, op.ReturnPrev))

@@ -787,3 +787,39 @@ func TestZSetOps(t *testing.T) {
 }
 
 func must[T any](v T, _ bool) T { return v }
+
+// TestWatchKeys: a watcher wakes after a write to its key is applied (not
+// another key's), and on a change of shard state.
+func TestWatchKeys(t *testing.T) {
+	h := newSMHarness(t)
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	ch, stop := h.sm.WatchKeys([][]byte{[]byte("{w}l")})
+	defer stop()
+	h.write(op(shardkvpb.WriteOp_RPUSH, "{w}other", members("x")))
+	if closed(ch) {
+		t.Fatal("woken by a write to another key")
+	}
+	h.write(op(shardkvpb.WriteOp_RPUSH, "{w}l", members("x")))
+	if !closed(ch) {
+		t.Fatal("not woken by a push to its key")
+	}
+	ch2, stop2 := h.sm.WatchKeys([][]byte{[]byte("{w}l")})
+	defer stop2()
+	h.apply(&shardkvpb.GroupCommand{NextConfig: &shardkvpb.Config{Num: 2, Shards: []uint64{7, 7, 7, 0},
+		Groups: []*shardkvpb.Group{{Gid: 7, Servers: []*shardkvpb.Server{{Id: 1, Addr: "a:1"}}}}}})
+	if !closed(ch2) {
+		t.Fatal("not woken by a config step")
+	}
+	stop2()
+	stop2() // idempotent
+	if n := h.sm.watches.n.Load(); n != 1 {
+		t.Fatalf("%d watchers registered, want the first one's", n)
+	}
+}

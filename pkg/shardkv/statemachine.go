@@ -34,6 +34,7 @@ type StateMachine struct {
 	// collect (set by apply, cleared by a collection that found none;
 	// only a hint for the leader's proposals, never read by apply).
 	deadPending atomic.Bool
+	watches     watches
 }
 
 // NewStateMachine returns the state machine of data group gid.
