@@ -406,6 +406,10 @@ func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 		return a.smove(s, op)
 	case shardkvpb.WriteOp_SSTORE:
 		return a.sstore(s, op)
+	case shardkvpb.WriteOp_ZSTORE:
+		return a.zstore(s, op)
+	case shardkvpb.WriteOp_ZRANGESTORE:
+		return a.zrangeStore(s, op)
 	}
 	switch collType(op.Kind) {
 	case TypeList:

@@ -217,6 +217,9 @@ func worstCase(ops []*shardkvpb.WriteOp, shards, maxValue int) budget {
 			}
 		case shardkvpb.WriteOp_ZREMRANGE:
 			v = collMetaLen // what it removes is counted at apply
+		case shardkvpb.WriteOp_ZSTORE, shardkvpb.WriteOp_ZRANGESTORE:
+			v = collMetaLen // what it stores is counted at apply
+			b.addKey(len(op.Dest), collMetaLen)
 		case shardkvpb.WriteOp_SPOP:
 			v = collMetaLen
 			// Members are unknown before apply: counted at 64 bytes each

@@ -823,3 +823,51 @@ func TestWatchKeys(t *testing.T) {
 		t.Fatalf("%d watchers registered, want the first one's", n)
 	}
 }
+
+// TestZStore: ZUNIONSTORE, ZINTERSTORE, ZDIFFSTORE with weights and
+// aggregates over sorted sets and sets, and ZRANGESTORE; each replaces
+// its destination, and an empty result deletes it.
+func TestZStore(t *testing.T) {
+	h := newSMHarness(t)
+	h.write(op(shardkvpb.WriteOp_ZADD, "{z}a", scores("x", 1.0, "y", 2.0, "z", math.Inf(1))))
+	h.write(op(shardkvpb.WriteOp_ZADD, "{z}b", scores("y", 10.0, "z", math.Inf(-1))))
+	h.write(op(shardkvpb.WriteOp_SADD, "{z}s", members("x", "w")))
+	h.write(op(shardkvpb.WriteOp_PUT, "{z}d", val("a string, replaced")))
+	store := func(setop int64, agg int32, weights []float64, srcs ...string) *shardkvpb.WriteResult {
+		return h.write(op(shardkvpb.WriteOp_ZSTORE, srcs[0], dest("{z}d"), delta(setop), func(o *shardkvpb.WriteOp) {
+			for _, k := range srcs[1:] {
+				o.MoreKeys = append(o.MoreKeys, []byte(k))
+			}
+			o.Weights, o.Aggregate = weights, agg
+		})).Result
+	}
+	all := byRank(0, -1, false)
+	if r := store(SetUnion, ZAggSum, nil, "{z}a", "{z}b", "{z}s"); r.Num != 4 || !slices.Equal(h.zrange("{z}d", all), []string{"z:0", "w:1", "x:2", "y:12"}) {
+		t.Fatalf("zunionstore: %v %v", r, h.zrange("{z}d", all))
+	}
+	if r := store(SetInter, ZAggMax, []float64{2, 1}, "{z}a", "{z}b"); r.Num != 2 || !slices.Equal(h.zrange("{z}d", all), []string{"y:10", "z:+Inf"}) {
+		t.Fatalf("zinterstore weights 2 1 aggregate max: %v %v", r, h.zrange("{z}d", all))
+	}
+	if r := store(SetDiff, ZAggSum, nil, "{z}a", "{z}s"); r.Num != 2 || !slices.Equal(h.zrange("{z}d", all), []string{"y:2", "z:+Inf"}) {
+		t.Fatalf("zdiffstore: %v %v", r, h.zrange("{z}d", all))
+	}
+	if r := store(SetInter, ZAggSum, nil, "{z}a", "{z}none"); r.Num != 0 || h.entry("{z}d").Found {
+		t.Fatalf("an empty result kept the destination: %v", r)
+	}
+	h.write(op(shardkvpb.WriteOp_PUT, "{z}str", val("1")))
+	if r := store(SetUnion, ZAggSum, nil, "{z}a", "{z}str"); r.Error != shardkvpb.OpErrWrongType {
+		t.Fatalf("a string source: %v", r)
+	}
+	rs := func(by int, lo, hi Bound, rev bool, off, n int64) *shardkvpb.WriteResult {
+		return h.write(op(shardkvpb.WriteOp_ZRANGESTORE, "{z}a", dest("{z}r"), delta(int64(by)), func(o *shardkvpb.WriteOp) {
+			o.Fields = [][]byte{lo.Encode(by), hi.Encode(by)}
+			o.Rev, o.Offset, o.Count = rev, off, n
+		})).Result
+	}
+	if r := rs(ZByRank, Bound{Rank: 0}, Bound{Rank: 1}, true, 0, -1); r.Num != 2 || !slices.Equal(h.zrange("{z}r", all), []string{"y:2", "z:+Inf"}) {
+		t.Fatalf("zrangestore 0 1 rev: %v %v", r, h.zrange("{z}r", all))
+	}
+	if r := rs(ZByScore, Bound{Kind: BoundExcl, Score: 1}, Bound{Kind: BoundPosInf}, false, 1, 5); r.Num != 1 || !slices.Equal(h.zrange("{z}r", all), []string{"z:+Inf"}) {
+		t.Fatalf("zrangestore (1 +inf limit 1 5: %v %v", r, h.zrange("{z}r", all))
+	}
+}

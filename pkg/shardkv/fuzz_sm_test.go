@@ -285,7 +285,7 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 		n = 8 + g.intn(24)
 	}
 	for i := range n {
-		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(int(shardkvpb.WriteOp_ZREMRANGE) + 1)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
+		op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_Kind(g.intn(int(shardkvpb.WriteOp_ZRANGESTORE) + 1)), Key: g.key(), Cond: shardkvpb.WriteOp_Cond(g.intn(6)),
 			ReturnPrev: g.intn(3) == 0, KeepTtl: g.intn(5) == 0, Delta: int64(g.byte()) - 128, ExpectAbsent: g.intn(2) == 0}
 		if many {
 			op.Kind, op.Key = shardkvpb.WriteOp_Kind(i%3), fmt.Appendf(nil, "{0}m%d", i)
@@ -326,7 +326,18 @@ func (g *logGen) writes() *shardkvpb.GroupCommand {
 					op.FieldValues = append(op.FieldValues, ScoreValue(sc))
 				}
 			}
-		case shardkvpb.WriteOp_ZREMRANGE:
+		case shardkvpb.WriteOp_ZSTORE:
+			op.Dest, op.Delta, op.Aggregate = g.key(), int64(g.intn(4)), int32(g.intn(4)) // 3: refused
+			for range g.intn(3) {
+				op.MoreKeys = append(op.MoreKeys, g.key())
+			}
+			if g.intn(2) == 0 {
+				for range 1 + len(op.MoreKeys) + g.intn(2) - 1 {
+					op.Weights = append(op.Weights, []float64{1, 0, -2.5, math.Inf(1), math.NaN()}[g.intn(5)])
+				}
+			}
+		case shardkvpb.WriteOp_ZREMRANGE, shardkvpb.WriteOp_ZRANGESTORE:
+			op.Dest, op.Rev, op.Offset, op.Count = g.key(), g.intn(2) == 0, int64(g.intn(4))-1, int64(g.intn(5))-1
 			op.Delta = int64(g.intn(4)) // 3: refused
 			for range 2 {
 				b := Bound{Kind: g.intn(4), Rank: int64(g.intn(9)) - 4, Score: float64(g.intn(5)) - 2, Lex: fmt.Appendf(nil, "m%d", g.intn(5))}

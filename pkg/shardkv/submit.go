@@ -175,7 +175,12 @@ func (g *Group) checkFields(op *shardkvpb.WriteOp) error {
 			return invalid("pop count %d: want 1 to %d", op.Delta, maxCopyElems)
 		}
 		return nil
-	case shardkvpb.WriteOp_ZREMRANGE:
+	case shardkvpb.WriteOp_ZSTORE:
+		if zstoreValid(op) != "" {
+			return invalid("ZSTORE: set operation %d, aggregate %d, %d weights for %d sources (none, or one each, not NaN)", op.Delta, op.Aggregate, len(op.Weights), 1+len(op.MoreKeys))
+		}
+		return nil
+	case shardkvpb.WriteOp_ZREMRANGE, shardkvpb.WriteOp_ZRANGESTORE:
 		if _, e := zrangeOf(op); e != "" {
 			return invalid("a range needs its kind (0 rank, 1 score, 2 lex) and two bounds")
 		}
@@ -232,7 +237,7 @@ func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if len(op.Dest) > g.cfg.MaxKeyBytes {
 		return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("destination key of %d bytes exceeds the limit of %d", len(op.Dest), g.cfg.MaxKeyBytes), nil)
 	}
-	if op.Kind > shardkvpb.WriteOp_ZREMRANGE {
+	if op.Kind > shardkvpb.WriteOp_ZRANGESTORE {
 		return invalid("unknown write kind %d", op.Kind)
 	}
 	if err := g.checkFields(op); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"slices"
 
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
@@ -555,4 +556,241 @@ func walkZRange(r ZRange, size int64, scan func(from []byte, n int) ([][]byte, e
 		}
 		from = append(bytes.Clone(batch[len(batch)-1]), 0)
 	}
+}
+
+// zmembers reads every member of the sorted set or set at key (a set's
+// members score 1), as the entry sees it; a missing key has none. Past
+// maxCopyElems members it refuses (COMMAND_TOO_LARGE).
+func (a *applyCtx) zmembers(s int, key []byte) ([]zpick, string, error) {
+	rec, err := a.get(dataKey(s, key))
+	if err != nil {
+		r, err := readFailed(err)
+		if r != nil {
+			return nil, r.Error, nil
+		}
+		return nil, "", err
+	}
+	if rec == nil || !rec.live(a.nowNS/1e6) {
+		return nil, "", nil
+	}
+	if rec.Type != TypeZSet && rec.Type != TypeSet {
+		return nil, shardkvpb.OpErrWrongType, nil
+	}
+	m, err := decodeCollMeta(rec.Value)
+	if err != nil {
+		return nil, shardkvpb.OpErrBadRecord, nil
+	}
+	if m.Size > maxCopyElems {
+		return nil, shardkvpb.OpErrCommandTooLarge, nil
+	}
+	prefix := elemPrefix(s, key, m.Version)
+	if rec.Type == TypeZSet {
+		prefix = append(prefix, zMember)
+	}
+	elems, err := a.scanElems(prefix, nil, maxCopyElems)
+	if err != nil {
+		return nil, "", err
+	}
+	out := make([]zpick, len(elems))
+	for i, e := range elems {
+		out[i] = zpick{member: e.k[len(prefix):], score: 1}
+		if rec.Type == TypeZSet {
+			f, ok := ValueScore(elemPayload(e.v))
+			if !ok {
+				return nil, shardkvpb.OpErrBadRecord, nil
+			}
+			out[i].score = f
+		}
+	}
+	return out, "", nil
+}
+
+// storeZSet replaces dest with a sorted set of members (in member order),
+// or deletes it when there are none.
+func (a *applyCtx) storeZSet(s int, dest []byte, members []zpick) (*shardkvpb.WriteResult, error) {
+	old, err := a.get(dataKey(s, dest))
+	if err != nil {
+		return readFailed(err)
+	}
+	res := &shardkvpb.WriteResult{Ok: true, Num: int64(len(members))}
+	if len(members) > maxCopyElems {
+		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrCommandTooLarge}, nil
+	}
+	for _, p := range members {
+		if len(dest)+1+8+len(p.member) > MaxKeyBytesLimit-elemOverhead {
+			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrKeyTooLarge}, nil
+		}
+	}
+	if len(members) == 0 {
+		if old != nil && old.live(a.nowNS/1e6) {
+			return res, a.putRecord(s, dest, old, &record{Tombstone: true, Index: a.index})
+		}
+		return res, nil
+	}
+	v, err := a.newVersion(s, dest, old)
+	if err != nil {
+		return nil, err
+	}
+	z := &zsetEdit{a: a, s: s, key: dest, old: old, m: collMeta{Version: v}, made: true}
+	for _, p := range members {
+		if err := z.put(p.member, p.score, 0, false); err != nil {
+			return nil, err
+		}
+	}
+	return res, a.putRecord(s, dest, old, &record{Type: TypeZSet, Value: z.m.encode(), Index: a.index})
+}
+
+// Aggregates (ZSTORE's aggregate).
+const (
+	ZAggSum = 0
+	ZAggMin = 1
+	ZAggMax = 2
+)
+
+// zstore is ZUNIONSTORE, ZINTERSTORE and ZDIFFSTORE.
+func (a *applyCtx) zstore(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, error) {
+	srcs := append([][]byte{op.Key}, op.MoreKeys...)
+	if e := zstoreValid(op); e != "" {
+		return &shardkvpb.WriteResult{Error: e}, nil
+	}
+	for _, k := range append([][]byte{op.Dest}, op.MoreKeys...) {
+		if e := a.otherKeyError(s, k); e != "" {
+			return &shardkvpb.WriteResult{Error: e}, nil
+		}
+	}
+	sets := make([][]zpick, len(srcs))
+	for i, k := range srcs {
+		ms, code, err := a.zmembers(s, k)
+		if err != nil || code != "" {
+			return &shardkvpb.WriteResult{Error: code}, err
+		}
+		w := 1.0
+		if len(op.Weights) > 0 {
+			w = op.Weights[i]
+		}
+		for j := range ms {
+			ms[j].score = weigh(ms[j].score, w)
+		}
+		sets[i] = ms
+	}
+	return a.storeZSet(s, op.Dest, zcombine(int(op.Delta), int(op.Aggregate), sets))
+}
+
+func zstoreValid(op *shardkvpb.WriteOp) string {
+	switch {
+	case op.Delta < 0 || op.Delta > 2, op.Aggregate < 0 || op.Aggregate > 2,
+		len(op.Weights) != 0 && len(op.Weights) != 1+len(op.MoreKeys):
+		return shardkvpb.OpErrInvalidOp
+	}
+	for _, w := range op.Weights {
+		if math.IsNaN(w) {
+			return shardkvpb.OpErrInvalidOp
+		}
+	}
+	return ""
+}
+
+// weigh is a score times its source's weight, as Redis: 0 for an infinite
+// score times 0.
+func weigh(score, w float64) float64 {
+	f := score * w
+	if math.IsNaN(f) {
+		return 0
+	}
+	return f
+}
+
+// zcombine combines scored member lists (each in member order, distinct):
+// the union, intersection or difference (SetUnion, SetInter, SetDiff: the
+// first less the others, its scores kept), scores aggregated by sum, min
+// or max (a sum of opposite infinities is 0, as Redis). The result is in
+// member order.
+func zcombine(op, agg int, sets [][]zpick) []zpick {
+	if len(sets) == 0 {
+		return nil
+	}
+	type acc struct {
+		score float64
+		n     int
+	}
+	m := map[string]*acc{}
+	var order []string
+	for i, set := range sets {
+		for _, p := range set {
+			k := string(p.member)
+			x, ok := m[k]
+			switch {
+			case op == SetDiff && i > 0:
+				if ok {
+					x.n = -1 << 30
+				}
+				continue
+			case !ok:
+				m[k] = &acc{score: p.score, n: 1}
+				order = append(order, k)
+				continue
+			}
+			x.n++
+			switch agg {
+			case ZAggMin:
+				x.score = min(x.score, p.score)
+			case ZAggMax:
+				x.score = max(x.score, p.score)
+			default:
+				x.score += p.score
+				if math.IsNaN(x.score) {
+					x.score = 0
+				}
+			}
+		}
+	}
+	var out []zpick
+	for _, k := range order {
+		x := m[k]
+		if (op == SetInter && x.n == len(sets)) || op == SetUnion || (op == SetDiff && x.n > 0) {
+			out = append(out, zpick{member: []byte(k), score: x.score})
+		}
+	}
+	slices.SortFunc(out, func(x, y zpick) int { return bytes.Compare(x.member, y.member) })
+	return out
+}
+
+// zrangeStore is ZRANGESTORE.
+func (a *applyCtx) zrangeStore(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, error) {
+	if e := a.otherKeyError(s, op.Dest); e != "" {
+		return &shardkvpb.WriteResult{Error: e}, nil
+	}
+	r, e := zrangeOf(op)
+	if e != "" {
+		return &shardkvpb.WriteResult{Error: e}, nil
+	}
+	z, code, err := a.zsetEdit(s, op.Key)
+	if err != nil || code != "" {
+		return &shardkvpb.WriteResult{Error: code}, err
+	}
+	var picked []zpick
+	if z.live {
+		if r.By == ZByRank && op.Rev {
+			lo, hi, ok := rankRange(r.Min.Rank, r.Max.Rank, z.m.Size)
+			if !ok {
+				return a.storeZSet(s, op.Dest, nil)
+			}
+			r.Min.Rank, r.Max.Rank = z.m.Size-1-hi, z.m.Size-1-lo
+		}
+		if picked, err = a.zselect(s, op.Key, z.m, r, maxCopyElems+1); err != nil {
+			return nil, err
+		}
+		if len(picked) > maxCopyElems {
+			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrCommandTooLarge}, nil
+		}
+		if op.Rev {
+			slices.Reverse(picked)
+		}
+		picked = picked[min(int64(len(picked)), max(op.Offset, 0)):]
+		if op.Count >= 0 && int64(len(picked)) > op.Count {
+			picked = picked[:op.Count]
+		}
+		slices.SortFunc(picked, func(x, y zpick) int { return bytes.Compare(x.member, y.member) })
+	}
+	return a.storeZSet(s, op.Dest, picked)
 }

@@ -134,6 +134,16 @@ const (
 	// (pkg/shardkv's ZByRank, ZByScore, ZByLex), fields[0] and fields[1]
 	// its bounds (pkg/shardkv's Bound encoding). Num: removed.
 	WriteOp_ZREMRANGE WriteOp_Kind = 36
+	// ZSTORE: store at `dest` (replacing it whatever its type) the union
+	// (delta 1), intersection (0) or difference (2) of the sorted sets or
+	// sets (members scored 1) at key and more_keys, each score times its
+	// source's weight (weights; none: 1), combined by `aggregate` (0 sum,
+	// 1 min, 2 max). Num: the result's size.
+	WriteOp_ZSTORE WriteOp_Kind = 37
+	// ZRANGESTORE: store at `dest` the members of the sorted set at key in
+	// a range: delta is its kind, fields[0] and fields[1] its bounds (as
+	// ZREMRANGE), rev, offset and count (<0: all) as ZRANGE's. Num: size.
+	WriteOp_ZRANGESTORE WriteOp_Kind = 38
 )
 
 // Enum value maps for WriteOp_Kind.
@@ -176,6 +186,8 @@ var (
 		34: "ZPOPMIN",
 		35: "ZPOPMAX",
 		36: "ZREMRANGE",
+		37: "ZSTORE",
+		38: "ZRANGESTORE",
 	}
 	WriteOp_Kind_value = map[string]int32{
 		"PUT":         0,
@@ -215,6 +227,8 @@ var (
 		"ZPOPMIN":     34,
 		"ZPOPMAX":     35,
 		"ZREMRANGE":   36,
+		"ZSTORE":      37,
+		"ZRANGESTORE": 38,
 	}
 )
 
@@ -403,7 +417,14 @@ type WriteOp struct {
 	Fields      [][]byte `protobuf:"bytes,16,rep,name=fields,proto3" json:"fields,omitempty"`
 	FieldValues [][]byte `protobuf:"bytes,17,rep,name=field_values,json=fieldValues,proto3" json:"field_values,omitempty"`
 	// LTRIM: the last index kept; LMOVE: where to push.
-	Stop          int64 `protobuf:"varint,18,opt,name=stop,proto3" json:"stop,omitempty"`
+	Stop int64 `protobuf:"varint,18,opt,name=stop,proto3" json:"stop,omitempty"`
+	// ZSTORE: each source's weight, and how scores combine.
+	Weights   []float64 `protobuf:"fixed64,19,rep,packed,name=weights,proto3" json:"weights,omitempty"`
+	Aggregate int32     `protobuf:"varint,20,opt,name=aggregate,proto3" json:"aggregate,omitempty"`
+	// ZRANGESTORE: the range's direction and LIMIT.
+	Rev           bool  `protobuf:"varint,21,opt,name=rev,proto3" json:"rev,omitempty"`
+	Offset        int64 `protobuf:"varint,22,opt,name=offset,proto3" json:"offset,omitempty"`
+	Count         int64 `protobuf:"varint,23,opt,name=count,proto3" json:"count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -560,6 +581,41 @@ func (x *WriteOp) GetFieldValues() [][]byte {
 func (x *WriteOp) GetStop() int64 {
 	if x != nil {
 		return x.Stop
+	}
+	return 0
+}
+
+func (x *WriteOp) GetWeights() []float64 {
+	if x != nil {
+		return x.Weights
+	}
+	return nil
+}
+
+func (x *WriteOp) GetAggregate() int32 {
+	if x != nil {
+		return x.Aggregate
+	}
+	return 0
+}
+
+func (x *WriteOp) GetRev() bool {
+	if x != nil {
+		return x.Rev
+	}
+	return false
+}
+
+func (x *WriteOp) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *WriteOp) GetCount() int64 {
+	if x != nil {
+		return x.Count
 	}
 	return 0
 }
@@ -1915,7 +1971,7 @@ const file_kv_proto_rawDesc = "" +
 	"\aSession\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\x04R\bclientId\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x10\n" +
-	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xcc\b\n" +
+	"\x03ack\x18\x03 \x01(\x04R\x03ack\"\xe1\t\n" +
 	"\aWriteOp\x12,\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x18.shardkv.v1.WriteOp.KindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x14\n" +
@@ -1938,7 +1994,12 @@ const file_kv_proto_rawDesc = "" +
 	"moreValues\x12\x16\n" +
 	"\x06fields\x18\x10 \x03(\fR\x06fields\x12!\n" +
 	"\ffield_values\x18\x11 \x03(\fR\vfieldValues\x12\x12\n" +
-	"\x04stop\x18\x12 \x01(\x03R\x04stop\"\xaf\x03\n" +
+	"\x04stop\x18\x12 \x01(\x03R\x04stop\x12\x18\n" +
+	"\aweights\x18\x13 \x03(\x01R\aweights\x12\x1c\n" +
+	"\taggregate\x18\x14 \x01(\x05R\taggregate\x12\x10\n" +
+	"\x03rev\x18\x15 \x01(\bR\x03rev\x12\x16\n" +
+	"\x06offset\x18\x16 \x01(\x03R\x06offset\x12\x14\n" +
+	"\x05count\x18\x17 \x01(\x03R\x05count\"\xcc\x03\n" +
 	"\x04Kind\x12\a\n" +
 	"\x03PUT\x10\x00\x12\n" +
 	"\n" +
@@ -1983,7 +2044,10 @@ const file_kv_proto_rawDesc = "" +
 	"\x04ZREM\x10!\x12\v\n" +
 	"\aZPOPMIN\x10\"\x12\v\n" +
 	"\aZPOPMAX\x10#\x12\r\n" +
-	"\tZREMRANGE\x10$\"c\n" +
+	"\tZREMRANGE\x10$\x12\n" +
+	"\n" +
+	"\x06ZSTORE\x10%\x12\x0f\n" +
+	"\vZRANGESTORE\x10&\"c\n" +
 	"\x04Cond\x12\n" +
 	"\n" +
 	"\x06ALWAYS\x10\x00\x12\r\n" +
