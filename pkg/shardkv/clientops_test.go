@@ -80,3 +80,70 @@ func TestClientStringOps(t *testing.T) {
 		t.Fatalf("Rename across shards: %v", err)
 	}
 }
+
+// TestClientCollections: the Go client's hash, set, list and sorted-set
+// operations against a real group over gRPC, and WRONGTYPE across types.
+func TestClientCollections(t *testing.T) {
+	w := kvtest.New(t, kvtest.Options{Shards: 4})
+	w.StartGroup(100)
+	w.Join(100)
+	w.WaitSettled(20 * time.Second)
+	c := w.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	check := func(what string, ok bool, got ...any) {
+		t.Helper()
+		if !ok {
+			t.Fatalf("%s: got %v", what, got)
+		}
+	}
+	n, err := c.HSet(ctx, "h", "a", "1", "b", "2")
+	check("HSet", err == nil && n == 2, n, err)
+	v, found, err := c.HGet(ctx, "h", "b")
+	check("HGet", err == nil && found && v == "2", v, found, err)
+	all, err := c.HGetAll(ctx, "h")
+	check("HGetAll", err == nil && len(all) == 2 && all["a"] == "1", all, err)
+	page, next, err := c.HScan(ctx, "h", nil, 1)
+	check("HScan page 1", err == nil && len(page) == 1 && page["a"] == "1" && next != nil, page, next, err)
+	page, next, err = c.HScan(ctx, "h", next, 1)
+	check("HScan page 2", err == nil && len(page) == 1 && page["b"] == "2" && next == nil, page, next, err)
+	_, _, err = c.Get(ctx, "h")
+	check("Get of a hash", errors.Is(err, client.ErrWrongType), err)
+	_, err = c.SAdd(ctx, "h", "x")
+	check("SAdd on a hash", errors.Is(err, client.ErrWrongType), err)
+
+	n, err = c.SAdd(ctx, "s", "x", "y", "x")
+	check("SAdd", err == nil && n == 2, n, err)
+	ok, err := c.SIsMember(ctx, "s", "y")
+	check("SIsMember", err == nil && ok, ok, err)
+	ms, err := c.SMembers(ctx, "s")
+	check("SMembers", err == nil && len(ms) == 2 && ms[0] == "x", ms, err)
+
+	n, err = c.RPush(ctx, "l", "a", "b", "c")
+	check("RPush", err == nil && n == 3, n, err)
+	e, found, err := c.LPop(ctx, "l")
+	check("LPop", err == nil && found && e == "a", e, found, err)
+	l, err := c.LRange(ctx, "l", 0, -1)
+	check("LRange", err == nil && len(l) == 2 && l[1] == "c", l, err)
+	n, err = c.LLen(ctx, "l")
+	check("LLen", err == nil && n == 2, n, err)
+
+	n, err = c.ZAdd(ctx, "z", client.Z{Member: "a", Score: 2}, client.Z{Member: "b", Score: 1}, client.Z{Member: "c", Score: 3})
+	check("ZAdd", err == nil && n == 3, n, err)
+	f, err := c.ZIncrBy(ctx, "z", "b", 5)
+	check("ZIncrBy", err == nil && f == 6, f, err)
+	zs, err := c.ZRange(ctx, "z", 0, -1)
+	check("ZRange", err == nil && len(zs) == 3 && zs[0].Member == "a" && zs[2].Member == "b", zs, err)
+	zs, err = c.ZRangeByScore(ctx, "z", 2.5, 10, 0, 1)
+	check("ZRangeByScore limit 1", err == nil && len(zs) == 1 && zs[0].Member == "c", zs, err)
+	r, err := c.ZRank(ctx, "z", "c")
+	check("ZRank", err == nil && r == 1, r, err)
+	r, err = c.ZRank(ctx, "none", "c")
+	check("ZRank of no set", err == nil && r == -1, r, err)
+	sc, found, err := c.ZScore(ctx, "z", "a")
+	check("ZScore", err == nil && found && sc == 2, sc, found, err)
+	zs, err = c.ZPopMin(ctx, "z", 2)
+	check("ZPopMin", err == nil && len(zs) == 2 && zs[0].Member == "a" && zs[1].Score == 3, zs, err)
+	n, err = c.ZCard(ctx, "z")
+	check("ZCard", err == nil && n == 1, n, err)
+}

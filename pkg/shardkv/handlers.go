@@ -109,7 +109,23 @@ const maxElemsReply = 64 << 20
 
 // GetElems reads elements of a collection (ReadElems) for the Go client.
 func (g *Group) GetElems(ctx context.Context, req *shardkvpb.ReadElemsRequest) (*shardkvpb.ReadElemsReply, error) {
-	q := ElemQuery{Type: ValueType(req.Type), Fields: req.Fields, All: req.All, Count: int(req.Count), Range: req.Range, Start: req.Start, Stop: req.Stop}
+	q := ElemQuery{Type: ValueType(req.Type), Fields: req.Fields, All: req.All, Count: int(req.Count), Range: req.Range, Start: req.Start, Stop: req.Stop,
+		CountOnly: req.CountOnly, Rev: req.Rev}
+	if req.Z {
+		by := int(req.ZBy)
+		lo, ok1 := DecodeBound(by, req.ZMin)
+		hi, ok2 := DecodeBound(by, req.ZMax)
+		if !ok1 || !ok2 {
+			return nil, invalid("bad sorted-set range bounds")
+		}
+		q.Z = &ZRange{By: by, Min: lo, Max: hi, Rev: req.Rev, Offset: req.ZOffset, Count: req.ZCount}
+	}
+	if req.HasRankOf {
+		q.RankOf = req.RankOf
+		if q.RankOf == nil {
+			q.RankOf = []byte{}
+		}
+	}
 	if req.HasAfter {
 		q.After = req.After
 		if q.After == nil {
@@ -132,7 +148,8 @@ func (g *Group) GetElems(ctx context.Context, req *shardkvpb.ReadElemsRequest) (
 		}
 		return nil, raftgroup.GRPCError(err)
 	}
-	out := &shardkvpb.ReadElemsReply{Found: r.Entry.Found, Type: uint32(r.Entry.Type), Len: r.Len, Next: r.Next, More: r.Next != nil, ExpireAtMs: r.Entry.ExpireAtMs}
+	out := &shardkvpb.ReadElemsReply{Found: r.Entry.Found, Type: uint32(r.Entry.Type), Len: r.Len, Next: r.Next, More: r.Next != nil, ExpireAtMs: r.Entry.ExpireAtMs,
+		Count: r.Count, Rank: r.Rank}
 	for _, e := range r.Elems {
 		out.Elems = append(out.Elems, &shardkvpb.Elem{Field: e.Field, Value: e.Value, Found: e.Found})
 	}

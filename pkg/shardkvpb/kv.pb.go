@@ -859,9 +859,22 @@ type ReadElemsRequest struct {
 	HasAfter bool     `protobuf:"varint,6,opt,name=has_after,json=hasAfter,proto3" json:"has_after,omitempty"`
 	Count    uint32   `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
 	// A list's elements from index start to stop (LRANGE's rules).
-	Range         bool  `protobuf:"varint,8,opt,name=range,proto3" json:"range,omitempty"`
-	Start         int64 `protobuf:"varint,9,opt,name=start,proto3" json:"start,omitempty"`
-	Stop          int64 `protobuf:"varint,10,opt,name=stop,proto3" json:"stop,omitempty"`
+	Range bool  `protobuf:"varint,8,opt,name=range,proto3" json:"range,omitempty"`
+	Start int64 `protobuf:"varint,9,opt,name=start,proto3" json:"start,omitempty"`
+	Stop  int64 `protobuf:"varint,10,opt,name=stop,proto3" json:"stop,omitempty"`
+	// A sorted set's members in a range (pkg/shardkv's ZRange: kind, bounds
+	// in the Bound encoding, direction, LIMIT; count < 0: all), or only how
+	// many (count_only); or the rank of rank_of.
+	Z             bool   `protobuf:"varint,11,opt,name=z,proto3" json:"z,omitempty"`
+	ZBy           int32  `protobuf:"varint,12,opt,name=z_by,json=zBy,proto3" json:"z_by,omitempty"`
+	ZMin          []byte `protobuf:"bytes,13,opt,name=z_min,json=zMin,proto3" json:"z_min,omitempty"`
+	ZMax          []byte `protobuf:"bytes,14,opt,name=z_max,json=zMax,proto3" json:"z_max,omitempty"`
+	Rev           bool   `protobuf:"varint,15,opt,name=rev,proto3" json:"rev,omitempty"`
+	ZOffset       int64  `protobuf:"varint,16,opt,name=z_offset,json=zOffset,proto3" json:"z_offset,omitempty"`
+	ZCount        int64  `protobuf:"varint,17,opt,name=z_count,json=zCount,proto3" json:"z_count,omitempty"`
+	CountOnly     bool   `protobuf:"varint,18,opt,name=count_only,json=countOnly,proto3" json:"count_only,omitempty"`
+	RankOf        []byte `protobuf:"bytes,19,opt,name=rank_of,json=rankOf,proto3" json:"rank_of,omitempty"`
+	HasRankOf     bool   `protobuf:"varint,20,opt,name=has_rank_of,json=hasRankOf,proto3" json:"has_rank_of,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -966,6 +979,76 @@ func (x *ReadElemsRequest) GetStop() int64 {
 	return 0
 }
 
+func (x *ReadElemsRequest) GetZ() bool {
+	if x != nil {
+		return x.Z
+	}
+	return false
+}
+
+func (x *ReadElemsRequest) GetZBy() int32 {
+	if x != nil {
+		return x.ZBy
+	}
+	return 0
+}
+
+func (x *ReadElemsRequest) GetZMin() []byte {
+	if x != nil {
+		return x.ZMin
+	}
+	return nil
+}
+
+func (x *ReadElemsRequest) GetZMax() []byte {
+	if x != nil {
+		return x.ZMax
+	}
+	return nil
+}
+
+func (x *ReadElemsRequest) GetRev() bool {
+	if x != nil {
+		return x.Rev
+	}
+	return false
+}
+
+func (x *ReadElemsRequest) GetZOffset() int64 {
+	if x != nil {
+		return x.ZOffset
+	}
+	return 0
+}
+
+func (x *ReadElemsRequest) GetZCount() int64 {
+	if x != nil {
+		return x.ZCount
+	}
+	return 0
+}
+
+func (x *ReadElemsRequest) GetCountOnly() bool {
+	if x != nil {
+		return x.CountOnly
+	}
+	return false
+}
+
+func (x *ReadElemsRequest) GetRankOf() []byte {
+	if x != nil {
+		return x.RankOf
+	}
+	return nil
+}
+
+func (x *ReadElemsRequest) GetHasRankOf() bool {
+	if x != nil {
+		return x.HasRankOf
+	}
+	return false
+}
+
 type Elem struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Field         []byte                 `protobuf:"bytes,1,opt,name=field,proto3" json:"field,omitempty"`
@@ -1033,9 +1116,12 @@ type ReadElemsReply struct {
 	Len   int64                  `protobuf:"varint,3,opt,name=len,proto3" json:"len,omitempty"`
 	Elems []*Elem                `protobuf:"bytes,4,rep,name=elems,proto3" json:"elems,omitempty"`
 	// An all read stopped at count: go on after this field.
-	Next          []byte `protobuf:"bytes,5,opt,name=next,proto3" json:"next,omitempty"`
-	More          bool   `protobuf:"varint,6,opt,name=more,proto3" json:"more,omitempty"`
-	ExpireAtMs    int64  `protobuf:"varint,7,opt,name=expire_at_ms,json=expireAtMs,proto3" json:"expire_at_ms,omitempty"`
+	Next       []byte `protobuf:"bytes,5,opt,name=next,proto3" json:"next,omitempty"`
+	More       bool   `protobuf:"varint,6,opt,name=more,proto3" json:"more,omitempty"`
+	ExpireAtMs int64  `protobuf:"varint,7,opt,name=expire_at_ms,json=expireAtMs,proto3" json:"expire_at_ms,omitempty"`
+	// count_only: how many; has_rank_of: the rank (-1: not a member).
+	Count         int64 `protobuf:"varint,8,opt,name=count,proto3" json:"count,omitempty"`
+	Rank          int64 `protobuf:"varint,9,opt,name=rank,proto3" json:"rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1115,6 +1201,20 @@ func (x *ReadElemsReply) GetMore() bool {
 func (x *ReadElemsReply) GetExpireAtMs() int64 {
 	if x != nil {
 		return x.ExpireAtMs
+	}
+	return 0
+}
+
+func (x *ReadElemsReply) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ReadElemsReply) GetRank() int64 {
+	if x != nil {
+		return x.Rank
 	}
 	return 0
 }
@@ -2076,7 +2176,7 @@ const file_kv_proto_rawDesc = "" +
 	"\bGetReply\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\fR\x05value\x12\x14\n" +
 	"\x05found\x18\x02 \x01(\bR\x05found\x12\x12\n" +
-	"\x04type\x18\x03 \x01(\rR\x04type\"\xeb\x01\n" +
+	"\x04type\x18\x03 \x01(\rR\x04type\"\xd4\x03\n" +
 	"\x10ReadElemsRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\rR\x04type\x12\x16\n" +
@@ -2088,11 +2188,22 @@ const file_kv_proto_rawDesc = "" +
 	"\x05range\x18\b \x01(\bR\x05range\x12\x14\n" +
 	"\x05start\x18\t \x01(\x03R\x05start\x12\x12\n" +
 	"\x04stop\x18\n" +
-	" \x01(\x03R\x04stop\"H\n" +
+	" \x01(\x03R\x04stop\x12\f\n" +
+	"\x01z\x18\v \x01(\bR\x01z\x12\x11\n" +
+	"\x04z_by\x18\f \x01(\x05R\x03zBy\x12\x13\n" +
+	"\x05z_min\x18\r \x01(\fR\x04zMin\x12\x13\n" +
+	"\x05z_max\x18\x0e \x01(\fR\x04zMax\x12\x10\n" +
+	"\x03rev\x18\x0f \x01(\bR\x03rev\x12\x19\n" +
+	"\bz_offset\x18\x10 \x01(\x03R\azOffset\x12\x17\n" +
+	"\az_count\x18\x11 \x01(\x03R\x06zCount\x12\x1d\n" +
+	"\n" +
+	"count_only\x18\x12 \x01(\bR\tcountOnly\x12\x17\n" +
+	"\arank_of\x18\x13 \x01(\fR\x06rankOf\x12\x1e\n" +
+	"\vhas_rank_of\x18\x14 \x01(\bR\thasRankOf\"H\n" +
 	"\x04Elem\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\fR\x05field\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value\x12\x14\n" +
-	"\x05found\x18\x03 \x01(\bR\x05found\"\xbe\x01\n" +
+	"\x05found\x18\x03 \x01(\bR\x05found\"\xe8\x01\n" +
 	"\x0eReadElemsReply\x12\x14\n" +
 	"\x05found\x18\x01 \x01(\bR\x05found\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\rR\x04type\x12\x10\n" +
@@ -2101,7 +2212,9 @@ const file_kv_proto_rawDesc = "" +
 	"\x04next\x18\x05 \x01(\fR\x04next\x12\x12\n" +
 	"\x04more\x18\x06 \x01(\bR\x04more\x12 \n" +
 	"\fexpire_at_ms\x18\a \x01(\x03R\n" +
-	"expireAtMs\"9\n" +
+	"expireAtMs\x12\x14\n" +
+	"\x05count\x18\b \x01(\x03R\x05count\x12\x12\n" +
+	"\x04rank\x18\t \x01(\x03R\x04rank\"9\n" +
 	"\fWriteRequest\x12#\n" +
 	"\x02op\x18\x01 \x01(\v2\x13.shardkv.v1.WriteOpR\x02opJ\x04\b\x02\x10\x03\"=\n" +
 	"\n" +
