@@ -17,6 +17,10 @@
 #   CLIENTS          -c (default 50)
 #   KEYSPACE         -r (default 100000)
 #   PIPELINES        the -P values (default "1 16")
+#   TESTS            the redis-benchmark tests, in order (default "set get";
+#                    e.g. "hset sadd lpush lpop rpush rpop zadd spop
+#                    zpopmin" for the collection types: each works on one
+#                    key, so on one group's leader)
 #   NODE_ARGS        extra flags for `node local` (e.g. "--shards=64")
 #   TRIPLES          first time one go-redis pipeline of this many (GET, INCR,
 #                    APPEND) triples to one slot on each (hack/pipebench;
@@ -35,6 +39,7 @@ REQUESTS=${REQUESTS:-}
 CLIENTS=${CLIENTS:-50}
 KEYSPACE=${KEYSPACE:-100000}
 PIPELINES=${PIPELINES:-"1 16"}
+TESTS=${TESTS:-"set get"}
 NODE_ARGS=${NODE_ARGS:-}
 TRIPLES=${TRIPLES:-20000}
 TRIPLE_REPS=${TRIPLE_REPS:-5}
@@ -135,7 +140,7 @@ declare -A RESULT # RESULT[target,test,pipeline] = "requests rps p50 p99"
 bench_all() {
   local target=$1 port=$2 cluster=$3 p t
   for p in $PIPELINES; do
-    for t in set get; do # SET first, so GET reads existing keys
+    for t in $TESTS; do # SET first, so GET reads existing keys
       RESULT[$target,$t,$p]=$(bench "$port" "$cluster" "$t" "$p") || exit 1
     done
   done
@@ -207,13 +212,13 @@ echo "shardkv:      node local --resp, $GROUPS_ groups x $REPLICAS replicas, $CT
 echo "redis-server: $(redis-server --version | awk '{print $3}' | sed 's/^v=//'), appendonly yes, appendfsync always, one process"
 echo "latencies in ms"
 echo
-printf '%-5s %-3s | %10s %10s %8s %8s | %10s %10s %8s %8s\n' "" "" "shardkv" "" "" "" "redis" "" "" ""
-printf '%-5s %-3s | %10s %10s %8s %8s | %10s %10s %8s %8s\n' TEST "-P" requests "req/s" p50 p99 requests "req/s" p50 p99
+printf '%-7s %-3s | %10s %10s %8s %8s | %10s %10s %8s %8s\n' "" "" "shardkv" "" "" "" "redis" "" "" ""
+printf '%-7s %-3s | %10s %10s %8s %8s | %10s %10s %8s %8s\n' TEST "-P" requests "req/s" p50 p99 requests "req/s" p50 p99
 for p in $PIPELINES; do
-  for t in set get; do
+  for t in $TESTS; do
     read -r sn sr s50 s99 <<<"${RESULT[shardkv,$t,$p]}"
     read -r rn rr r50 r99 <<<"${RESULT[redis,$t,$p]}"
-    printf '%-5s %-3s | %10s %10s %8s %8s | %10s %10s %8s %8s\n' "${t^^}" "$p" "$sn" "$sr" "$s50" "$s99" "$rn" "$rr" "$r50" "$r99"
+    printf '%-7s %-3s | %10s %10s %8s %8s | %10s %10s %8s %8s\n' "${t^^}" "$p" "$sn" "$sr" "$s50" "$s99" "$rn" "$rr" "$r50" "$r99"
   done
 done
 if [ "$TRIPLES" -gt 0 ]; then
