@@ -615,7 +615,12 @@ type pcLoad struct {
 	fillFailed atomic.Int64
 }
 
+// pcSetKey is the set the power-cut load adds to and removes from, in the
+// shard of keys[0] (the moving one, in the migration test).
+func pcSetKey(keys []string) string { return routingTag(keys[0]) + "set" }
+
 // startLoad runs 6 recorded clients doing gets, puts and appends on keys,
+// adds and removes of a set's members,
 // and puts to write-once keys (a lost acknowledged write cannot hide
 // behind a later one), and one unrecorded filler writing fillBytes-byte
 // values over fillKeys (memtables fill, logs compact, shards grow).
@@ -636,7 +641,7 @@ func startLoad(t *testing.T, ctrl []string, seed uint64, keys, fillKeys []string
 				val := fmt.Sprintf("%d.%d;", id, i)
 				ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
 				var err error
-				switch x := r.IntN(10); {
+				switch x := r.IntN(12); {
 				case x < 3:
 					p := l.rec.Start(id, kvcheck.Get, k, "")
 					var v string
@@ -665,9 +670,28 @@ func startLoad(t *testing.T, ctrl []string, seed uint64, keys, fillKeys []string
 					} else {
 						p.Ok("")
 					}
-				default:
+				case x < 10:
 					p := l.rec.Start(id, kvcheck.Append, k, val)
 					if err = cl.Append(ctx, k, val); err != nil {
+						p.Fail(err)
+					} else {
+						p.Ok("")
+					}
+				default:
+					// A set of a few members, across the cuts: collections
+					// are as durable as strings.
+					sk, m := pcSetKey(keys), fmt.Sprint("m", r.IntN(4))
+					kind := kvcheck.SAdd
+					if x == 11 {
+						kind = kvcheck.SRem
+					}
+					p := l.rec.StartField(id, kind, sk, m, "")
+					if kind == kvcheck.SAdd {
+						_, err = cl.SAdd(ctx, sk, m)
+					} else {
+						_, err = cl.SRem(ctx, sk, m)
+					}
+					if err != nil {
 						p.Fail(err)
 					} else {
 						p.Ok("")
@@ -754,6 +778,22 @@ func (l *pcLoad) finish(t *testing.T, c *pcCluster) {
 				c.checkAlive(c.all)
 				t.Fatalf("final read of %d write-once keys: %v", len(batch), err)
 			}
+		}
+	}
+	for attempt := 1; ; attempt++ {
+		sk := pcSetKey(l.keys)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		p := l.rec.Start(100, kvcheck.SMembers, sk, "")
+		ms, err := cl.SMembers(ctx, sk)
+		cancel()
+		if err == nil {
+			p.Ok(kvcheck.EncodeSet(ms))
+			break
+		}
+		p.Fail(err)
+		if attempt == 3 {
+			c.checkAlive(c.all)
+			t.Fatalf("final read of %s: %v", sk, err)
 		}
 	}
 	for _, k := range l.keys {
