@@ -546,6 +546,9 @@ func (a *applyCtx) putPair(s int, op *shardkvpb.WriteOp, src, dst *record) (*sha
 // msetNX sets every pair of op (all in shard s) if none of its keys
 // exists; a key named twice takes its last value.
 func (a *applyCtx) msetNX(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, error) {
+	if len(op.MoreKeys) != len(op.MoreValues) {
+		return &shardkvpb.WriteResult{Error: shardkvpb.OpErrInvalidOp}, nil // submit refuses it first
+	}
 	keys := append([][]byte{op.Key}, op.MoreKeys...)
 	vals := append([][]byte{op.Value}, op.MoreValues...)
 	olds := make([]*record, len(keys))

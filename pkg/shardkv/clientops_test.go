@@ -147,3 +147,36 @@ func TestClientCollections(t *testing.T) {
 	n, err = c.ZCard(ctx, "z")
 	check("ZCard", err == nil && n == 1, n, err)
 }
+
+// TestMultiSourceStores: SSTORE and ZSTORE with several sources pass the
+// checks before proposing (which required a value per extra key: every
+// such store was refused).
+func TestMultiSourceStores(t *testing.T) {
+	w := kvtest.New(t, kvtest.Options{Shards: 4})
+	w.StartGroup(100)
+	w.Join(100)
+	w.WaitSettled(20 * time.Second)
+	c := w.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.SAdd(ctx, "{m}a", "x", "y"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SAdd(ctx, "{m}b", "y"); err != nil {
+		t.Fatal(err)
+	}
+	g := w.Group(100, w.Groups[100].Leader())
+	outs, err := g.WriteBatch(ctx, []*shardkvpb.WriteOp{
+		{Kind: shardkvpb.WriteOp_SSTORE, Key: []byte("{m}a"), MoreKeys: [][]byte{[]byte("{m}b")}, Dest: []byte("{m}s"), Delta: 0},
+		{Kind: shardkvpb.WriteOp_ZSTORE, Key: []byte("{m}a"), MoreKeys: [][]byte{[]byte("{m}b")}, Dest: []byte("{m}z"), Delta: 1, Weights: []float64{1, 2}},
+	})
+	if err != nil || outs[0].Err != nil || outs[1].Err != nil {
+		t.Fatalf("stores refused: %v %+v", err, outs)
+	}
+	if outs[0].Result.Num != 1 || outs[1].Result.Num != 2 {
+		t.Fatalf("sinterstore %v, zunionstore %v", outs[0].Result, outs[1].Result)
+	}
+	if sc, _, err := c.ZScore(ctx, "{m}z", "y"); err != nil || sc != 3 {
+		t.Fatalf("zunionstore weights 1 2: y scored %v (%v)", sc, err)
+	}
+}

@@ -245,7 +245,9 @@ func (a *applyCtx) copyElems(s int, key []byte, src *record, dst []byte, old, ne
 			return "", err
 		}
 	}
-	next.Value = collMeta{Version: v, Size: int64(len(elems))}.encode()
+	// Elements are copied as they are (a list's positions, a sorted set's
+	// two records per member): the size and head stay the source's.
+	next.Value = collMeta{Version: v, Size: m.Size, Head: m.Head}.encode()
 	return "", nil
 }
 

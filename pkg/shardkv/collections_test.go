@@ -871,3 +871,29 @@ func TestZStore(t *testing.T) {
 		t.Fatalf("zrangestore (1 +inf limit 1 5: %v %v", r, h.zrange("{z}r", all))
 	}
 }
+
+// TestRenameKeepsCollections: RENAME and COPY of a sorted set and a list
+// keep their size and order (a sorted set has two records per member, a
+// list its head position); -0 is stored as 0.
+func TestRenameKeepsCollections(t *testing.T) {
+	h := newSMHarness(t)
+	h.write(op(shardkvpb.WriteOp_ZADD, "{r}z", scores("a", 1.0, "b", 2.0)))
+	h.write(op(shardkvpb.WriteOp_LPUSH, "{r}l", members("c", "b", "a"))) // head below 0
+	h.write(op(shardkvpb.WriteOp_RENAME, "{r}z", dest("{r}z2")))
+	h.write(op(shardkvpb.WriteOp_COPY, "{r}l", dest("{r}l2")))
+	r, _, _ := h.sm.ReadElems([]byte("{r}z2"), ElemQuery{Type: TypeZSet, RankOf: []byte("b"), Rev: true}, nil)
+	if r.Len != 2 || r.Rank != 0 || !slices.Equal(h.zrange("{r}z2", byRank(-1, -1, false)), []string{"b:2"}) {
+		t.Fatalf("renamed sorted set: size %d, zrevrank b %d, last %v", r.Len, r.Rank, h.zrange("{r}z2", byRank(-1, -1, false)))
+	}
+	if got := h.list("{r}l2"); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("copied list: %v", got)
+	}
+	h.write(op(shardkvpb.WriteOp_ZREM, "{r}z2", members("a", "b")))
+	if h.entry("{r}z2").Found {
+		t.Fatal("the renamed sorted set outlived its last member")
+	}
+	h.write(op(shardkvpb.WriteOp_ZADD, "{r}n", scores("a", math.Copysign(0, -1))))
+	if r, _, _ := h.sm.ReadElems([]byte("{r}n"), ElemQuery{Type: TypeZSet, Fields: [][]byte{[]byte("a")}}, nil); math.Signbit(must(ValueScore(r.Elems[0].Value))) {
+		t.Fatal("-0 stored as -0: its index entry says 0")
+	}
+}

@@ -243,14 +243,14 @@ func (g *Group) checkOp(op *shardkvpb.WriteOp) error {
 	if err := g.checkFields(op); err != nil {
 		return err
 	}
-	if len(op.MoreKeys) != len(op.MoreValues) {
+	if (op.Kind == shardkvpb.WriteOp_MSET_NX && len(op.MoreKeys) != len(op.MoreValues)) || (op.Kind != shardkvpb.WriteOp_MSET_NX && len(op.MoreValues) != 0) {
 		return invalid("%d more keys but %d more values", len(op.MoreKeys), len(op.MoreValues))
 	}
 	for i, k := range op.MoreKeys {
 		if len(k) > g.cfg.MaxKeyBytes {
 			return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("key of %d bytes exceeds the limit of %d", len(k), g.cfg.MaxKeyBytes), nil)
 		}
-		if len(op.MoreValues[i]) > g.cfg.MaxValueBytes {
+		if i < len(op.MoreValues) && len(op.MoreValues[i]) > g.cfg.MaxValueBytes {
 			return shardkvpb.Error(codes.InvalidArgument, shardkvpb.ReasonTooLarge, fmt.Sprintf("value of %d bytes exceeds the limit of %d", len(op.MoreValues[i]), g.cfg.MaxValueBytes), nil)
 		}
 	}

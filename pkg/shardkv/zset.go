@@ -202,6 +202,9 @@ func (a *applyCtx) mutateZSet(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 					return &shardkvpb.WriteResult{Error: errNaN}, nil
 				}
 			}
+			if score == 0 {
+				score = 0 // -0 is stored as 0: its index entry cannot tell them apart
+			}
 			if exists && ((flags&ZAddGT != 0 && !(score > cur)) || (flags&ZAddLT != 0 && !(score < cur))) {
 				continue
 			}
@@ -690,15 +693,9 @@ func zstoreValid(op *shardkvpb.WriteOp) string {
 	return ""
 }
 
-// weigh is a score times its source's weight, as Redis: 0 for an infinite
-// score times 0.
-func weigh(score, w float64) float64 {
-	f := score * w
-	if math.IsNaN(f) {
-		return 0
-	}
-	return f
-}
+// weigh is a score times its source's weight (NaN for an infinite score
+// times 0: zcombine resolves it as Redis does).
+func weigh(score, w float64) float64 { return score * w }
 
 // zcombine combines scored member lists (each in member order, distinct):
 // the union, intersection or difference (SetUnion, SetInter, SetDiff: the
@@ -726,16 +723,27 @@ func zcombine(op, agg int, sets [][]zpick) []zpick {
 				}
 				continue
 			case !ok:
-				m[k] = &acc{score: p.score, n: 1}
+				// A member's first score: NaN (inf times 0) counts as 0.
+				sc := p.score
+				if math.IsNaN(sc) {
+					sc = 0
+				}
+				m[k] = &acc{score: sc, n: 1}
 				order = append(order, k)
 				continue
 			}
 			x.n++
+			// As Redis's zunionInterAggregate: a NaN never wins min or max,
+			// and a sum that is NaN (opposite infinities) is 0.
 			switch agg {
 			case ZAggMin:
-				x.score = min(x.score, p.score)
+				if p.score < x.score {
+					x.score = p.score
+				}
 			case ZAggMax:
-				x.score = max(x.score, p.score)
+				if p.score > x.score {
+					x.score = p.score
+				}
 			default:
 				x.score += p.score
 				if math.IsNaN(x.score) {
