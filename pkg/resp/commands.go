@@ -24,9 +24,11 @@ type command struct {
 	first, last, step int // key positions (last < 0: from the end)
 	acl               []string
 	tips              []string
-	keyFlags          []string // the key spec's flags (keyed commands)
-	keyNotes          string   // the key spec's notes, if any
-	destFlags         []string // set for two-key commands: the second key's spec flags
+	keyFlags          []string                     // the key spec's flags (keyed commands)
+	keyNotes          string                       // the key spec's notes, if any
+	destFlags         []string                     // set for two-key commands: the second key's spec flags
+	specs             []keySpec                    // the key specs, when the fields above do not describe them (keyspecs.go)
+	keysOf            func(args [][]byte) [][]byte // movablekeys: the keys (none when the arguments are invalid)
 	subs              []*command
 	run               handler
 	stats             cmdStats // INFO commandstats
@@ -234,6 +236,9 @@ func commandTable() map[string]*command {
 			none("cluster|help", 2, []string{"loading", "stale"}, aSlow, nil, cmdHelp),
 		}},
 	}
+	list = append(list, setCommands()...)
+	list = append(list, listCommands()...)
+	list = append(list, zsetCommands()...)
 	m := make(map[string]*command, len(list))
 	for _, c := range list {
 		m[c.name] = c
@@ -262,6 +267,9 @@ func (cmd *command) noAuth() bool { return slices.Contains(cmd.flags, "no_auth")
 
 // keys returns the key arguments, by first/last/step as Redis does.
 func (cmd *command) keys(args [][]byte) [][]byte {
+	if cmd.keysOf != nil {
+		return cmd.keysOf(args)
+	}
 	if cmd.first == 0 {
 		return nil
 	}
@@ -414,6 +422,11 @@ func (c *conn) appendCommandInfo(b []byte, cmd *command) []byte {
 	b = c.appendSet(b, cmd.acl, redcon.AppendString)
 	b = c.appendSet(b, cmd.tips, redcon.AppendBulkString)
 	switch {
+	case cmd.specs != nil:
+		b = c.appendSetLen(b, len(cmd.specs))
+		for _, ks := range cmd.specs {
+			b = c.appendSpec(b, ks)
+		}
 	case cmd.first == 0:
 		b = c.appendSetLen(b, 0)
 	case cmd.destFlags != nil:
@@ -567,8 +580,10 @@ func cmdCommandGetKeys(c *conn, p *pipeline, args [][]byte, _ int) {
 		p.reply(errReply("ERR Invalid command specified"))
 	case !cmd.arityOK(len(target)):
 		p.reply(errReply("ERR Invalid number of arguments specified for command"))
-	case cmd.first == 0:
+	case cmd.first == 0 && cmd.keysOf == nil:
 		p.reply(errReply("ERR The command has no key arguments"))
+	case len(cmd.keys(target)) == 0:
+		p.reply(errReply("ERR Invalid arguments specified for command"))
 	default:
 		keys := cmd.keys(target)
 		b := redcon.AppendArray(nil, len(keys))

@@ -2,6 +2,8 @@ package resp_test
 
 import (
 	"net"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,12 +23,23 @@ var (
 		"persist", "scan", "dbsize", "ping", "echo", "hello", "auth", "select", "quit", "readonly", "readwrite", "asking", "client",
 		"command", "config", "cluster", "info", "getex", "getrange", "substr", "setrange", "setex", "psetex", "touch", "expiretime",
 		"pexpiretime", "rename", "renamenx", "copy", "keys", "time", "flushall", "flushdb", "function", "msetnx", "getbit", "setbit", "bitcount", "bitpos", "randomkey", "object", "dump", "restore",
-		"hset", "hmset", "hsetnx", "hget", "hmget", "hgetall", "hkeys", "hvals", "hdel", "hexists", "hlen", "hstrlen", "hincrby", "hincrbyfloat", "hrandfield", "hscan"}
+		"hset", "hmset", "hsetnx", "hget", "hmget", "hgetall", "hkeys", "hvals", "hdel", "hexists", "hlen", "hstrlen", "hincrby", "hincrbyfloat", "hrandfield", "hscan",
+		"zadd", "zincrby", "zrem", "zpopmin", "zpopmax", "zremrangebyrank", "zremrangebyscore", "zremrangebylex", "zcard", "zscore",
+		"zmscore", "zcount", "zlexcount", "zrank", "zrevrank", "zrange", "zrevrange", "zrangebyscore", "zrevrangebyscore", "zrangebylex",
+		"zrevrangebylex", "zscan", "zrandmember", "zunion", "zinter", "zdiff", "zintercard", "zrangestore", "zunionstore",
+		"zinterstore", "zdiffstore",
+		"sadd", "srem", "smembers", "sismember", "smismember", "scard", "spop", "srandmember", "smove", "sinter", "sunion", "sdiff",
+		"sinterstore", "sunionstore", "sdiffstore", "sintercard", "sscan", "lpush", "rpush", "lpushx", "rpushx", "lpop", "rpop",
+		"lrange", "llen", "lindex", "lset", "linsert", "lrem", "ltrim", "lpos", "lmove", "rpoplpush", "lmpop", "blpop", "brpop",
+		"blmove", "brpoplpush", "blmpop"}
 	fuzzWords = []string{"k", "{t}a", "{t}b", "n", "", "id", "setname", "getname", "setinfo", "lib-name", "info", "list", "help",
 		"count", "docs", "getkeys", "myid", "keyslot", "slots", "shards", "nodes", "countkeysinslot", "getkeysinslot", "ex", "px",
 		"exat", "pxat", "nx", "xx", "gt", "lt", "get", "keepttl", "match", "*", "type", "string", "auth", "setname", "default", "persist", "replace", "db", "{t}*", "flush", "async", "sync", "bit", "byte", "encoding", "refcount", "freq", "idletime", "absttl",
 		"0", "1", "-1", "2", "3", "100", "16383", "16384", "1000000000", "9223372036854775807", "-9223372036854775808", "1.5", "nan", "inf", "1e400",
-		"withvalues", "hash", "f", "g", "4611686018427387904", "-4611686018427387904"}
+		"withvalues", "hash", "f", "g", "4611686018427387904", "-4611686018427387904",
+		"withscores", "byscore", "bylex", "rev", "limit", "incr", "ch", "weights", "aggregate", "sum", "min", "max", "zset",
+		"-inf", "+inf", "(1", "[a", "(a", "-", "+", "0x10", " 1",
+		"left", "right", "before", "after", "rank", "maxlen", "set", "list"}
 )
 
 // dispatchServer starts one data group of one replica with its RESP
@@ -82,9 +95,26 @@ func decodeCommands(data []byte) [][]string {
 			cmd = append(cmd, string(data[:l]))
 			data = data[l:]
 		}
-		cmds = append(cmds, cmd)
+		cmds = append(cmds, shortTimeout(cmd))
 	}
 	return cmds
+}
+
+// shortTimeout makes a blocking command's timeout, if it is one, 10 ms:
+// the fuzzer waits for every reply.
+func shortTimeout(cmd []string) []string {
+	at := len(cmd) - 1
+	switch {
+	case cmd[0] == "blmpop" && len(cmd) > 1:
+		at = 1
+	case cmd[0] == "blpop", cmd[0] == "brpop", cmd[0] == "blmove", cmd[0] == "brpoplpush":
+	default:
+		return cmd
+	}
+	if _, err := strconv.ParseFloat(cmd[at], 64); err == nil || strings.Contains(strings.ToLower(cmd[at]), "0x") {
+		cmd[at] = "0.01"
+	}
+	return cmd
 }
 
 // FuzzRESPDispatch: random commands with random arguments, pipelined to a

@@ -248,6 +248,12 @@ func cmdDump(c *conn, p *pipeline, args [][]byte, slot int) {
 		it.out = c.null()
 	case e.Type == shardkv.TypeHash:
 		it.out = redcon.AppendBulk(nil, dumpHash(r.Elems))
+	case e.Type == shardkv.TypeSet:
+		it.out = redcon.AppendBulk(nil, dumpSet(r.Elems))
+	case e.Type == shardkv.TypeList:
+		it.out = redcon.AppendBulk(nil, dumpList(r.Elems))
+	case e.Type == shardkv.TypeZSet:
+		it.out = redcon.AppendBulk(nil, dumpZSet(r.Elems))
 	case e.Type != shardkv.TypeString:
 		it.out = errReply("ERR shardkv cannot DUMP a value of type " + e.Type.String())
 	default:

@@ -50,6 +50,9 @@ type replyBound struct {
 	s                  *Server
 	used               int
 	tooLarge, noMemory bool
+	// typ is the type of the collection read (its too-large error names
+	// how to read it in parts); a hash if unset.
+	typ shardkv.ValueType
 }
 
 func (b *replyBound) reserve(n int) bool {
@@ -73,9 +76,22 @@ func (b *replyBound) release() {
 
 // errHashTooLarge is the reply to a read of a hash that passes
 // MaxReplyBytes.
-func (s *Server) errHashTooLarge() []byte {
+func (s *Server) errHashTooLarge() []byte { return s.errTooLarge(shardkv.TypeHash) }
+
+// errTooLarge is the reply to a read of a collection of type t that
+// passes MaxReplyBytes: it names how to read it in parts.
+func (s *Server) errTooLarge(t shardkv.ValueType) []byte {
 	s.stats.refused.Add(1)
-	return errReply(fmt.Sprintf("ERR the reply would be more than %d bytes, over the limit of %d bytes; read the hash in parts with HSCAN", s.cfg.MaxReplyBytes, s.cfg.MaxReplyBytes))
+	how := "the hash in parts with HSCAN"
+	switch t {
+	case shardkv.TypeSet:
+		how = "the set in parts with SSCAN"
+	case shardkv.TypeList:
+		how = "the list in parts with LRANGE"
+	case shardkv.TypeZSet:
+		how = "the sorted set in parts with ZSCAN or ZRANGE"
+	}
+	return errReply(fmt.Sprintf("ERR the reply would be more than %d bytes, over the limit of %d bytes; read %s", s.cfg.MaxReplyBytes, s.cfg.MaxReplyBytes, how))
 }
 
 // startNow adds the item that a read made now will answer, after running
@@ -101,18 +117,21 @@ func (c *conn) readNowFailed(ctx context.Context, it *item, err error, b *replyB
 		s.stats.outputRefusals.Add(1)
 		it.out = errReply(s.outputFull())
 	case errors.Is(err, shardkv.ErrReadLimit):
-		it.out = s.errHashTooLarge()
+		it.out = s.errTooLarge(b.typ)
 	default:
 		it.out = s.readFailure(err, errors.Is(ctx.Err(), context.DeadlineExceeded), it.slot)
 	}
 }
 
-// readElems reads key's hash as q asks (q.Type is set to TypeHash) for
-// its reply. On failure, or a key of another type (WRONGTYPE), it sets
-// it.out, gives back what b holds and reports false.
+// readElems reads key's collection of type q.Type (a hash if unset) as q
+// asks for its reply. On failure, or a key of another type (WRONGTYPE), it
+// sets it.out, gives back what b holds and reports false.
 func (c *conn) readElems(it *item, key []byte, q shardkv.ElemQuery, b *replyBound) (shardkv.ElemsReply, bool) {
 	s := c.s
-	q.Type = shardkv.TypeHash
+	if q.Type == shardkv.TypeString {
+		q.Type = shardkv.TypeHash
+	}
+	b.typ = q.Type
 	ctx, cancel := s.roundContext(s.cfg.ReadTimeout, it)
 	defer cancel()
 	r, err := s.b.ReadElems(ctx, key, q, c.readonly, b.reserve)
@@ -120,7 +139,7 @@ func (c *conn) readElems(it *item, key []byte, q shardkv.ElemQuery, b *replyBoun
 		c.readNowFailed(ctx, it, err, b)
 		return r, false
 	}
-	if r.Entry.Found && r.Entry.Type != shardkv.TypeHash {
+	if r.Entry.Found && r.Entry.Type != q.Type {
 		b.release()
 		it.out = errReply(errWrongType)
 		return r, false
@@ -128,14 +147,16 @@ func (c *conn) readElems(it *item, key []byte, q shardkv.ElemQuery, b *replyBoun
 	return r, true
 }
 
-// readPage reads a page of key's hash as readElems does: at most count
-// (at least 1) of its elements after field after (nil: from the first). A
-// page that would pass the reply bound is read again with half the count,
-// so a page holds at most MaxReplyBytes (but always one element).
-func (c *conn) readPage(it *item, key, after []byte, count int, b *replyBound) (shardkv.ElemsReply, bool) {
+// readPage reads a page of key's collection of type typ as readElems
+// does: at most count (at least 1) of its elements after field after
+// (nil: from the first). A page that would pass the reply bound is read
+// again with half the count, so a page holds at most MaxReplyBytes (but
+// always one element).
+func (c *conn) readPage(it *item, typ shardkv.ValueType, key, after []byte, count int, b *replyBound) (shardkv.ElemsReply, bool) {
 	s := c.s
+	b.typ = typ
 	for count = max(count, 1); ; count /= 2 {
-		q := shardkv.ElemQuery{Type: shardkv.TypeHash, All: true, After: after, Count: count}
+		q := shardkv.ElemQuery{Type: typ, All: true, After: after, Count: count}
 		ctx, cancel := s.roundContext(s.cfg.ReadTimeout, it)
 		r, err := s.b.ReadElems(ctx, key, q, c.readonly, b.reserve)
 		if errors.Is(err, shardkv.ErrReadLimit) && b.tooLarge && !b.noMemory && count > 1 {
@@ -150,7 +171,7 @@ func (c *conn) readPage(it *item, key, after []byte, count int, b *replyBound) (
 			return r, false
 		}
 		cancel()
-		if r.Entry.Found && r.Entry.Type != shardkv.TypeHash {
+		if r.Entry.Found && r.Entry.Type != typ {
 			b.release()
 			it.out = errReply(errWrongType)
 			return r, false
@@ -162,6 +183,13 @@ func (c *conn) readPage(it *item, key, after []byte, count int, b *replyBound) (
 // readHash serves a hash read: render makes the reply from what q read
 // (r.Entry.Found false: no such key).
 func (c *conn) readHash(p *pipeline, slot int, key []byte, q shardkv.ElemQuery, render func(r shardkv.ElemsReply) []byte) {
+	q.Type = shardkv.TypeHash
+	c.readColl(p, slot, key, q, render)
+}
+
+// readColl serves a read of the collection of type q.Type at key: render
+// makes the reply from what q read (r.Entry.Found false: no such key).
+func (c *conn) readColl(p *pipeline, slot int, key []byte, q shardkv.ElemQuery, render func(r shardkv.ElemsReply) []byte) {
 	it := c.startNow(p, slot)
 	if it == nil {
 		return
@@ -176,11 +204,11 @@ func (c *conn) readHash(p *pipeline, slot int, key []byte, q shardkv.ElemQuery, 
 }
 
 // readAnyNow reads key now, whatever its type: a string's value, or a
-// hash's elements as q asks. The key is read first, then the elements if
-// it is a hash; if it changed type in between it is read again. The
-// elements are bounded by b, or by elemReserve if set: then its refusal
-// ends the read and the hash is returned with no element (ok is true; the
-// caller's reserve knows why it refused).
+// collection's elements as q asks. The key is read first, then the
+// elements if it is a collection; if it changed type in between it is read
+// again. The elements are bounded by b, or by elemReserve if set: then its
+// refusal ends the read and the collection is returned with no element
+// (ok is true; the caller's reserve knows why it refused).
 func (c *conn) readAnyNow(it *item, key []byte, q shardkv.ElemQuery, b *replyBound, elemReserve func(int) bool) (shardkv.ValueEntry, shardkv.ElemsReply, bool) {
 	s := c.s
 	for range 3 {
@@ -195,11 +223,12 @@ func (c *conn) readAnyNow(it *item, key []byte, q shardkv.ElemQuery, b *replyBou
 			return shardkv.ValueEntry{}, shardkv.ElemsReply{}, false
 		}
 		cancel()
-		if e := vals[0]; !e.Found || e.Type != shardkv.TypeHash {
+		if e := vals[0]; !e.Found || e.Type == shardkv.TypeString {
 			return e, shardkv.ElemsReply{}, true
 		}
 		b.release()
-		q.Type = shardkv.TypeHash
+		q.Type = vals[0].Type
+		b.typ = q.Type
 		reserve := b.reserve
 		if elemReserve != nil {
 			reserve = elemReserve
@@ -207,8 +236,8 @@ func (c *conn) readAnyNow(it *item, key []byte, q shardkv.ElemQuery, b *replyBou
 		ctx, cancel = s.roundContext(s.cfg.ReadTimeout, it)
 		r, err := s.b.ReadElems(ctx, key, q, c.readonly, reserve)
 		if elemReserve != nil && errors.Is(err, shardkv.ErrReadLimit) {
-			// The caller's reserve refused an element: the key is a hash
-			// (only a hash's elements are offered to it).
+			// The caller's reserve refused an element: the key is of
+			// q.Type (only its elements are offered to it).
 			cancel()
 			return vals[0], shardkv.ElemsReply{}, true
 		}
@@ -218,10 +247,10 @@ func (c *conn) readAnyNow(it *item, key []byte, q shardkv.ElemQuery, b *replyBou
 			return shardkv.ValueEntry{}, shardkv.ElemsReply{}, false
 		}
 		cancel()
-		if !r.Entry.Found || r.Entry.Type == shardkv.TypeHash {
+		if !r.Entry.Found || r.Entry.Type == q.Type {
 			return r.Entry, r, true
 		}
-		b.release() // a string again: read its value
+		b.release() // another type now: read it again
 	}
 	s.stats.refused.Add(1)
 	it.out = errReply("TRYAGAIN the key changed type while it was read; please retry")
@@ -505,13 +534,31 @@ func (s *Server) decodeHashCursor(cur uint64) ([]byte, bool) {
 	return field, true
 }
 
-// cmdHScan: HSCAN key cursor [MATCH pattern] [COUNT count], in Redis's
-// order of checks: the cursor, the key (missing: an empty page, with no
-// option checked), its type, then the options. A page holds about COUNT
-// fields in field order (fewer once it holds MaxReplyBytes); a hash Redis
-// keeps as a listpack (128 fields or fewer) comes whole, cursor 0, as in
-// Redis.
+// cmdHScan: HSCAN key cursor [MATCH pattern] [COUNT count] (scanColl):
+// a hash Redis keeps as a listpack (128 fields or fewer) comes whole,
+// cursor 0, as in Redis.
 func cmdHScan(c *conn, p *pipeline, args [][]byte, slot int) {
+	c.scanColl(p, args, slot, collScan{typ: shardkv.TypeHash, whole: hashListpackEntries, values: true})
+}
+
+// collScan is what HSCAN and SSCAN differ in: the type scanned, the size
+// up to which Redis keeps it in a compact encoding that SCAN returns whole
+// (compact, if set, tells whether a collection of at most that size is
+// so encoded), and whether elements come with their values.
+type collScan struct {
+	typ     shardkv.ValueType
+	whole   int
+	compact func(elems []shardkv.Elem) bool
+	values  bool
+}
+
+// scanColl serves HSCAN and SSCAN key cursor [MATCH pattern] [COUNT
+// count], in Redis's order of checks: the cursor, the key (missing: an
+// empty page, with no option checked), its type, then the options. A page
+// holds about COUNT elements in field order (fewer once it holds
+// MaxReplyBytes); a collection Redis keeps in a compact encoding comes
+// whole, cursor 0, as in Redis.
+func (c *conn) scanColl(p *pipeline, args [][]byte, slot int, k collScan) {
 	cur, err := strconv.ParseUint(string(args[2]), 10, 64)
 	if err != nil {
 		p.reply(errReply("ERR invalid cursor"))
@@ -550,7 +597,7 @@ func cmdHScan(c *conn, p *pipeline, args [][]byte, slot int) {
 	pageCount := int(min(count, hashPage*1024))
 	first := after == nil
 	if first {
-		pageCount = max(pageCount, hashListpackEntries)
+		pageCount = max(pageCount, k.whole)
 	}
 	it := c.startNow(p, slot)
 	if it == nil {
@@ -559,16 +606,16 @@ func cmdHScan(c *conn, p *pipeline, args [][]byte, slot int) {
 	b := &replyBound{s: c.s}
 	var r shardkv.ElemsReply
 	if optErr != nil {
-		r, ok = c.readElems(it, args[1], shardkv.ElemQuery{}, b) // the key's type only
+		r, ok = c.readElems(it, args[1], shardkv.ElemQuery{Type: k.typ}, b) // the key's type only
 	} else {
-		r, ok = c.readPage(it, args[1], after, pageCount, b)
+		r, ok = c.readPage(it, k.typ, args[1], after, pageCount, b)
 	}
 	switch {
 	case !ok:
 		return
 	case !r.Entry.Found:
 		b.release()
-		it.out = appendScanPage(nil, "0", nil, nil)
+		it.out = appendScanPage(nil, "0", nil, nil, k.values)
 		return
 	case optErr != nil:
 		b.release()
@@ -576,7 +623,8 @@ func cmdHScan(c *conn, p *pipeline, args [][]byte, slot int) {
 		return
 	}
 	elems, next := r.Elems, r.Next
-	if !(first && next == nil && r.Len <= hashListpackEntries) && int64(len(elems)) > count {
+	whole := first && next == nil && r.Len <= int64(k.whole) && (k.compact == nil || k.compact(elems))
+	if !whole && int64(len(elems)) > count {
 		elems = elems[:count]
 		next = elems[len(elems)-1].Field
 	}
@@ -584,26 +632,31 @@ func cmdHScan(c *conn, p *pipeline, args [][]byte, slot int) {
 	if next != nil {
 		cursor = strconv.FormatUint(c.s.encodeHashCursor(next), 10)
 	}
-	it.out = appendScanPage(nil, cursor, elems, pattern)
+	it.out = appendScanPage(nil, cursor, elems, pattern, k.values)
 	it.charge += int64(b.used)
 }
 
-// appendScanPage appends an HSCAN reply: the cursor, then the fields that
-// match pattern (nil: all) with their values.
-func appendScanPage(b []byte, cursor string, elems []shardkv.Elem, pattern []byte) []byte {
+// appendScanPage appends an HSCAN or SSCAN reply: the cursor, then the
+// fields that match pattern (nil: all), with their values if values.
+func appendScanPage(b []byte, cursor string, elems []shardkv.Elem, pattern []byte, values bool) []byte {
 	n := 0
 	for _, e := range elems {
 		if pattern == nil || glob(pattern, e.Field, false) {
 			n++
 		}
 	}
+	if values {
+		n *= 2
+	}
 	b = redcon.AppendArray(b, 2)
 	b = redcon.AppendBulkString(b, cursor)
-	b = redcon.AppendArray(b, 2*n)
+	b = redcon.AppendArray(b, n)
 	for _, e := range elems {
 		if pattern == nil || glob(pattern, e.Field, false) {
 			b = redcon.AppendBulk(b, e.Field)
-			b = redcon.AppendBulk(b, e.Value)
+			if values {
+				b = redcon.AppendBulk(b, e.Value)
+			}
 		}
 	}
 	return b
@@ -640,7 +693,7 @@ func cmdHRandField(c *conn, p *pipeline, args [][]byte, slot int) {
 	if it == nil {
 		return
 	}
-	picked, ok := c.randomFields(it, args[1], count, hasCount)
+	picked, ok := c.randomFields(it, shardkv.TypeHash, args[1], count, hasCount)
 	if !ok {
 		return
 	}
@@ -687,15 +740,16 @@ type randomPick struct {
 	b     *replyBound
 }
 
-// randomFields picks HRANDFIELD's elements of key's hash (see
-// cmdHRandField); on failure it sets it.out and reports false.
-func (c *conn) randomFields(it *item, key []byte, count int64, hasCount bool) (randomPick, bool) {
+// randomFields picks HRANDFIELD's (and SRANDMEMBER's) elements of key's
+// collection of type typ (see cmdHRandField); on failure it sets it.out
+// and reports false.
+func (c *conn) randomFields(it *item, typ shardkv.ValueType, key []byte, count int64, hasCount bool) (randomPick, bool) {
 	s := c.s
-	out := randomPick{b: &replyBound{s: s}}
+	out := randomPick{b: &replyBound{s: s, typ: typ}}
 	// Each page is read under a bound of its own, given back once the
 	// picks are copied out of it.
 	page := &replyBound{s: s}
-	r, ok := c.readPage(it, key, nil, hashPage, page)
+	r, ok := c.readPage(it, typ, key, nil, hashPage, page)
 	if !ok {
 		return out, false
 	}
@@ -719,7 +773,7 @@ func (c *conn) randomFields(it *item, key []byte, count int64, hasCount bool) (r
 	case count < 0:
 		m := -count
 		if m > int64(s.cfg.MaxReplyBytes/16) {
-			it.out = s.errHashTooLarge()
+			it.out = s.errTooLarge(typ)
 			return out, false
 		}
 		pos = make([]int64, m)
@@ -755,7 +809,7 @@ func (c *conn) randomFields(it *item, key []byte, count int64, hasCount bool) (r
 						s.stats.outputRefusals.Add(1)
 						it.out = errReply(s.outputFull())
 					} else {
-						it.out = s.errHashTooLarge()
+						it.out = s.errTooLarge(typ)
 					}
 					return out, false
 				}
@@ -771,7 +825,7 @@ func (c *conn) randomFields(it *item, key []byte, count int64, hasCount bool) (r
 		if r.Next == nil || (!all && len(pos) == 0) {
 			break
 		}
-		if r, ok = c.readPage(it, key, r.Next, hashPage, page); !ok {
+		if r, ok = c.readPage(it, typ, key, r.Next, hashPage, page); !ok {
 			out.b.release()
 			return out, false
 		}
@@ -786,7 +840,7 @@ func (c *conn) randomFields(it *item, key []byte, count int64, hasCount bool) (r
 			e := out.elems[rand.IntN(len(out.elems))]
 			if !out.b.reserve(len(e.Field) + len(e.Value)) {
 				out.b.release()
-				it.out = s.errHashTooLarge()
+				it.out = s.errTooLarge(typ)
 				return out, false
 			}
 			out.elems = append(out.elems, e)

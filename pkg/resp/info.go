@@ -82,7 +82,7 @@ func (s *Server) infoSections(include func(string) bool) []infoSection {
 			fmt.Sprintf("connected_clients:%d", s.stats.connected.Load()),
 			"cluster_connections:0",
 			fmt.Sprintf("maxclients:%d", s.cfg.MaxClients),
-			"blocked_clients:0",
+			fmt.Sprintf("blocked_clients:%d", s.stats.blocked.Load()),
 		}
 	})
 	add("Memory", memoryInfo)

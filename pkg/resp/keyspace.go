@@ -148,8 +148,9 @@ func cmdRandomKey(c *conn, p *pipeline, _ [][]byte, _ int) {
 
 // cmdObject serves OBJECT ENCODING, REFCOUNT, FREQ and IDLETIME key. A
 // value is reported in the encoding Redis would give it (int, embstr or
-// raw; a hash: listpack or hashtable, see hashEncoding); nothing is
-// shared (REFCOUNT 1). Access is not tracked: FREQ answers Redis's error
+// raw; a hash: listpack or hashtable, see hashEncoding; a set: intset or
+// hashtable, see setEncoding; a list: quicklist, Redis 7.0's only list
+// encoding); nothing is shared (REFCOUNT 1). Access is not tracked: FREQ answers Redis's error
 // for a server without an LFU policy (there is no eviction), IDLETIME
 // says so.
 func cmdObject(c *conn, p *pipeline, args [][]byte, slot int) {
@@ -179,6 +180,29 @@ func cmdObject(c *conn, p *pipeline, args [][]byte, slot int) {
 			it.out = redcon.AppendBulkString(nil, "hashtable")
 		case e.Type == shardkv.TypeHash:
 			it.out = redcon.AppendBulkString(nil, hashEncoding(r.Len, r.Elems))
+		case e.Type == shardkv.TypeList:
+			it.out = redcon.AppendBulkString(nil, "quicklist")
+		case e.Type == shardkv.TypeSet && !long && r.Len > int64(len(r.Elems)) && r.Len <= setIntsetEntries:
+			// More members than the first read holds, few enough for an
+			// intset: read them all.
+			b.release()
+			var more shardkv.ElemsReply
+			if more, ok = c.readElems(it, args[2], shardkv.ElemQuery{Type: shardkv.TypeSet, All: true, Count: setIntsetEntries}, b); !ok {
+				return
+			}
+			it.out = c.null() // deleted meanwhile
+			if more.Entry.Found {
+				it.out = redcon.AppendBulkString(nil, setEncoding(more.Len, more.Elems))
+			}
+		case e.Type == shardkv.TypeSet:
+			// A member past the listpack bound (no integer is that long)
+			// ended the read.
+			it.out = redcon.AppendBulkString(nil, "hashtable")
+			if !long {
+				it.out = redcon.AppendBulkString(nil, setEncoding(r.Len, r.Elems))
+			}
+		case e.Type == shardkv.TypeZSet:
+			it.out = redcon.AppendBulkString(nil, zsetEncoding(long, r.Len, r.Elems))
 		case e.Type != shardkv.TypeString:
 			it.out = errReply("ERR shardkv does not report the encoding of a value of type " + e.Type.String())
 		default:

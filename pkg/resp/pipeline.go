@@ -329,6 +329,29 @@ func (p *pipeline) written(op *shardkvpb.WriteOp, commit bool) int {
 			p.forgetSize(op.Key)
 		}
 		return w
+	case shardkvpb.WriteOp_ZADD, shardkvpb.WriteOp_ZREM, shardkvpb.WriteOp_ZPOPMIN, shardkvpb.WriteOp_ZPOPMAX, shardkvpb.WriteOp_ZREMRANGE,
+		shardkvpb.WriteOp_ZSTORE, shardkvpb.WriteOp_ZRANGESTORE:
+		if commit {
+			p.forgetSize(op.Key) // a sorted set: see HSET above
+			p.forgetSize(op.Dest)
+		}
+		return zsetWritten(op)
+	case shardkvpb.WriteOp_SADD, shardkvpb.WriteOp_SREM, shardkvpb.WriteOp_SMOVE, shardkvpb.WriteOp_SPOP,
+		shardkvpb.WriteOp_LPUSH, shardkvpb.WriteOp_RPUSH, shardkvpb.WriteOp_LPOP, shardkvpb.WriteOp_RPOP,
+		shardkvpb.WriteOp_LSET, shardkvpb.WriteOp_LMOVE:
+		if commit {
+			p.forgetSize(op.Key) // a set or a list: see HSET above
+			p.forgetSize(op.Dest)
+		}
+		return collWritten(op)
+	case shardkvpb.WriteOp_SSTORE, shardkvpb.WriteOp_LTRIM, shardkvpb.WriteOp_LREM, shardkvpb.WriteOp_LINSERT:
+		// What they write is known only at apply, and an entry past its
+		// budget fails whole: alone in their batch.
+		if commit {
+			p.forgetSize(op.Key)
+			p.forgetSize(op.Dest)
+		}
+		return maxBatchWritten
 	case shardkvpb.WriteOp_READ:
 		return 0
 	case shardkvpb.WriteOp_RENAME, shardkvpb.WriteOp_COPY:

@@ -191,6 +191,22 @@ func opErrorTextFor(kind shardkvpb.WriteOp_Kind, code string) string {
 		return "ERR hash value is not an integer"
 	case kind == shardkvpb.WriteOp_HINCR_FLOAT && code == shardkvpb.OpErrNotFloat:
 		return "ERR hash value is not a float"
+	case kind == shardkvpb.WriteOp_LSET && code == shardkvpb.OpErrOffset:
+		return "ERR index out of range"
+	case (kind == shardkvpb.WriteOp_LREM || kind == shardkvpb.WriteOp_LINSERT || kind == shardkvpb.WriteOp_LTRIM) && code == shardkvpb.OpErrCommandTooLarge:
+		return "ERR the list is too long for this command: LREM and LINSERT rewrite lists of at most 12000 elements, LTRIM deletes at most 12000 (one log entry's write budget)"
+	case kind == shardkvpb.WriteOp_SSTORE && code == shardkvpb.OpErrCommandTooLarge:
+		return "ERR a source set or the result has more members than one command may write (12000, one log entry's write budget)"
+	case (kind == shardkvpb.WriteOp_SPOP || kind == shardkvpb.WriteOp_LPOP || kind == shardkvpb.WriteOp_RPOP) && code == shardkvpb.OpErrCommandTooLarge:
+		return "ERR the members popped are too large for one command (one log entry's write budget); pop fewer per command"
+	case kind == shardkvpb.WriteOp_ZADD && code == shardkvpb.OpErrNaN:
+		return "ERR resulting score is not a number (NaN)"
+	case kind == shardkvpb.WriteOp_ZREMRANGE && code == shardkvpb.OpErrCommandTooLarge:
+		return "ERR the range holds more members than one command may remove (one log entry's write budget); remove it in parts"
+	case (kind == shardkvpb.WriteOp_ZSTORE || kind == shardkvpb.WriteOp_ZRANGESTORE) && code == shardkvpb.OpErrCommandTooLarge:
+		return "ERR a source or the result has more members than one command may store (one log entry's write budget)"
+	case (kind == shardkvpb.WriteOp_ZPOPMIN || kind == shardkvpb.WriteOp_ZPOPMAX) && code == shardkvpb.OpErrCommandTooLarge:
+		return "ERR the members popped are too large for one command (one log entry's write budget); pop fewer per command"
 	}
 	return opErrorText(code)
 }

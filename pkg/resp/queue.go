@@ -36,13 +36,23 @@ type cmdQueue struct {
 	end     []byte // its last reply (a protocol error), if any
 	stopped bool   // the executor is done: push refuses
 	seq     uint64 // the last command's seq
+	// gone is closed once the reader is done or the executor stopped: a
+	// blocking command (BLPOP) stops waiting for a client that left.
+	gone     chan struct{}
+	goneOnce sync.Once
 }
 
 func newCmdQueue(max int) *cmdQueue {
-	q := &cmdQueue{max: max}
+	q := &cmdQueue{max: max, gone: make(chan struct{})}
 	q.cond = sync.NewCond(&q.mu)
 	return q
 }
+
+// left returns a channel closed once the client has left (the reader is
+// done: EOF, an error, QUIT) or the executor stopped.
+func (q *cmdQueue) left() <-chan struct{} { return q.gone }
+
+func (q *cmdQueue) closeGone() { q.goneOnce.Do(func() { close(q.gone) }) }
 
 // push queues the commands of one read, waiting while the queue is full.
 // It reports false once the executor has stopped (QUIT, a failed write).
@@ -79,6 +89,7 @@ func (q *cmdQueue) finish(end []byte) {
 	q.ended, q.end = true, end
 	q.cond.Broadcast()
 	q.mu.Unlock()
+	q.closeGone()
 }
 
 // take waits for commands and takes all of them. Once the reader is done
@@ -117,4 +128,5 @@ func (q *cmdQueue) stop() {
 	q.stopped = true
 	q.cond.Broadcast()
 	q.mu.Unlock()
+	q.closeGone()
 }

@@ -56,3 +56,12 @@ func (c *conn) appendSet(b []byte, l []string, add func([]byte, string) []byte) 
 	}
 	return b
 }
+
+// appendDouble appends a double as Redis 7.0's addReplyDouble: a RESP3
+// double, or in RESP2 a bulk string ("%.17g", inf, -inf).
+func (c *conn) appendDouble(b []byte, f float64) []byte {
+	if c.resp3.Load() {
+		return append(append(append(b, ','), formatDouble(f)...), '\r', '\n')
+	}
+	return redcon.AppendBulkString(b, formatDouble(f))
+}

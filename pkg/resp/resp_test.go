@@ -38,6 +38,9 @@ func TestRESP(t *testing.T) {
 	e.run(t, "Limits", e.testLimits)
 	e.run(t, "Outcomes", e.testOutcomes)
 	e.run(t, "Hashes", e.testHashes)
+	e.run(t, "Sets", e.testSets)
+	e.run(t, "Lists", e.testLists)
+	e.run(t, "SortedSets", e.testZSets)
 	e.run(t, "Close", e.testClose)
 	e.run(t, "LeaderIsolated", e.testLeaderIsolated) // last: it disturbs gA
 }

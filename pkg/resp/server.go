@@ -55,6 +55,13 @@ type Backend interface {
 	// when it refuses). A key of another type than q.Type is reported in
 	// the reply's Entry with no element read.
 	ReadElems(ctx context.Context, key []byte, q shardkv.ElemQuery, followerReads bool, reserve func(bytes int) bool) (shardkv.ElemsReply, error)
+	// ReadElemsOf reads the collections at keys (of one slot) as
+	// ReadElems does, all at one point of the log (SINTER and the like).
+	ReadElemsOf(ctx context.Context, keys [][]byte, q shardkv.ElemQuery, followerReads bool, reserve func(bytes int) bool) ([]shardkv.ElemsReply, error)
+	// WatchKeys returns a channel closed once a write naming one of keys
+	// is applied by this replica, or its shard state changes (blocking
+	// commands wait on it); stop releases it.
+	WatchKeys(keys [][]byte) (changed <-chan struct{}, stop func())
 	// WriteBatch proposes ops as one log entry.
 	WriteBatch(ctx context.Context, ops []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error)
 	// Topology is what the replica knows of the cluster: configs, leaders.
@@ -236,6 +243,9 @@ type Server struct {
 
 	stats struct {
 		connected, total, rejected, commands, in, out, unknown, refused, protoErrs, inputRefusals, outputRefusals atomic.Int64
+
+		// blocked: clients waiting in a blocking command (INFO blocked_clients).
+		blocked atomic.Int64
 	}
 }
 

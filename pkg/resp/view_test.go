@@ -24,6 +24,14 @@ func (v *viewBackend) ReadElems(context.Context, []byte, shardkv.ElemQuery, bool
 	return shardkv.ElemsReply{}, &shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Msg: "no config yet"}
 }
 
+func (v *viewBackend) ReadElemsOf(context.Context, [][]byte, shardkv.ElemQuery, bool, func(int) bool) ([]shardkv.ElemsReply, error) {
+	return nil, &shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Msg: "no config yet"}
+}
+
+func (v *viewBackend) WatchKeys([][]byte) (<-chan struct{}, func()) {
+	return make(chan struct{}), func() {}
+}
+
 func (v *viewBackend) WriteBatch(context.Context, []*shardkvpb.WriteOp) ([]shardkv.WriteOutcome, error) {
 	return nil, &shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Msg: "no config yet"}
 }

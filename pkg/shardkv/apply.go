@@ -461,6 +461,16 @@ func (a *applyCtx) mutate(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult,
 	return res, nil
 }
 
+// returns reserves n bytes of the values the current command returns
+// (pops), within EntryMaxResultBytes; false: they would pass it.
+func (a *applyCtx) returns(n int) bool {
+	if a.returned+n > EntryMaxResultBytes {
+		return false
+	}
+	a.returned += n
+	return true
+}
+
 // stringOnly reports whether op kind works on strings only: any other
 // type fails WRONGTYPE. The rest (PUT, DELETE, EXPIRE, PERSIST) take any
 // type, unless they return the previous value (GETSET, GETDEL, GETEX).

@@ -892,8 +892,30 @@ func TestRenameKeepsCollections(t *testing.T) {
 	if h.entry("{r}z2").Found {
 		t.Fatal("the renamed sorted set outlived its last member")
 	}
-	h.write(op(shardkvpb.WriteOp_ZADD, "{r}n", scores("a", math.Copysign(0, -1))))
-	if r, _, _ := h.sm.ReadElems([]byte("{r}n"), ElemQuery{Type: TypeZSet, Fields: [][]byte{[]byte("a")}}, nil); math.Signbit(must(ValueScore(r.Elems[0].Value))) {
-		t.Fatal("-0 stored as -0: its index entry says 0")
+	// -0 shares the index's 0 but shows as -0, in ranges and pops too.
+	h.write(op(shardkvpb.WriteOp_ZADD, "{r}n", scores("a", math.Copysign(0, -1), "b", 0.0)))
+	if got := h.zrange("{r}n", byRank(0, -1, false)); !slices.Equal(got, []string{"a:-0", "b:0"}) {
+		t.Fatalf("-0 in a range: %v", got)
+	}
+	if r := h.write(op(shardkvpb.WriteOp_ZPOPMIN, "{r}n", delta(1))).Result; !math.Signbit(must(ValueScore(r.Values[1]))) {
+		t.Fatalf("-0 popped as %v", r.Values)
+	}
+}
+
+// TestMoveFromNothing: SMOVE and LMOVE from a missing source answer
+// "nothing moved" before looking at the destination's type, as Redis; LREM
+// with the lowest count removes every match.
+func TestMoveFromNothing(t *testing.T) {
+	h := newSMHarness(t)
+	h.write(op(shardkvpb.WriteOp_PUT, "{m}str", val("v")))
+	if r := h.write(op(shardkvpb.WriteOp_SMOVE, "{m}none", dest("{m}str"), members("x"))).Result; r.Error != "" || r.Ok {
+		t.Fatalf("smove from nothing to a string: %v", r)
+	}
+	if r := h.write(op(shardkvpb.WriteOp_LMOVE, "{m}none", dest("{m}str"))).Result; r.Error != "" || len(r.Values) != 0 {
+		t.Fatalf("lmove from nothing to a string: %v", r)
+	}
+	h.write(op(shardkvpb.WriteOp_RPUSH, "{m}l", members("a", "b", "a")))
+	if r := h.write(op(shardkvpb.WriteOp_LREM, "{m}l", delta(math.MinInt64), val("a"))).Result; r.Num != 2 {
+		t.Fatalf("lrem with the lowest count: %v", r)
 	}
 }

@@ -92,6 +92,13 @@ func (a *applyCtx) mutateColl(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 		if err != nil {
 			return nil, err
 		}
+		n := 0
+		for _, ek := range picked {
+			n += len(ek)
+		}
+		if !a.returns(n) {
+			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrResultTooLarge}, nil
+		}
 		for _, ek := range picked {
 			if err := a.delShardRecord(s, ek); err != nil {
 				return nil, err

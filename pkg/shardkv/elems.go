@@ -183,7 +183,18 @@ func (sm *StateMachine) readZSet(txn *badger.Txn, prefix []byte, m collMeta, q E
 			fields = fields[:z.Count]
 		}
 		for _, field := range fields {
-			if !keep(field[8:], ScoreValue(scoreFrom(field))) {
+			sc := ScoreValue(scoreFrom(field))
+			if scoreFrom(field) == 0 {
+				// The index holds one 0: the member's record tells -0.
+				exact, err := score(field[8:])
+				if err != nil {
+					return err
+				}
+				if exact != nil {
+					sc = exact
+				}
+			}
+			if !keep(field[8:], sc) {
 				return ErrReadLimit
 			}
 		}

@@ -73,7 +73,24 @@ func (a *applyCtx) mutateList(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 		if op.Delta < 1 || op.Delta > maxCopyElems {
 			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrInvalidOp}, nil
 		}
-		for range min(op.Delta, l.m.Size) {
+		// What they return is held on every replica until the entry is
+		// applied: bounded with the entry's other returned values.
+		n, size := min(op.Delta, l.m.Size), 0
+		for i := range n {
+			pos := l.m.Head + i
+			if op.Kind == shardkvpb.WriteOp_RPOP {
+				pos = l.m.Head + l.m.Size - 1 - i
+			}
+			v, err := a.value(l.elem(pos))
+			if err != nil {
+				return nil, err
+			}
+			size += len(v)
+		}
+		if !a.returns(size) {
+			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrResultTooLarge}, nil
+		}
+		for range n {
 			v, err := l.pop(op.Kind == shardkvpb.WriteOp_LPOP)
 			if err != nil {
 				return nil, err
@@ -286,7 +303,7 @@ func listRemove(elems [][]byte, v []byte, count int64) ([][]byte, int64) {
 		if count < 0 {
 			i = len(elems) - 1 - j
 		}
-		if bytes.Equal(elems[i], v) && (count == 0 || n < max(count, -count)) {
+		if bytes.Equal(elems[i], v) && (count == 0 || uint64(n) < absCount(count)) {
 			drop[i] = true
 			n++
 		}
@@ -298,6 +315,14 @@ func listRemove(elems [][]byte, v []byte, count int64) ([][]byte, int64) {
 		}
 	}
 	return out, n
+}
+
+// absCount is |count| (MinInt64's too).
+func absCount(count int64) uint64 {
+	if count < 0 {
+		return uint64(-(count + 1)) + 1
+	}
+	return uint64(count)
 }
 
 // listInsert is LINSERT: v before (or after) the first element equal to
@@ -322,12 +347,12 @@ func (a *applyCtx) lmove(s int, op *shardkvpb.WriteOp, l *listEdit) (*shardkvpb.
 	if e := a.otherKeyError(s, op.Dest); e != "" {
 		return &shardkvpb.WriteResult{Error: e}, nil
 	}
+	if !l.live {
+		return &shardkvpb.WriteResult{}, nil // before the destination's type, as Redis
+	}
 	dOld, dm, dLive, code, err := a.liveColl(s, op.Dest, TypeList)
 	if err != nil || code != "" {
 		return &shardkvpb.WriteResult{Error: code}, err
-	}
-	if !l.live {
-		return &shardkvpb.WriteResult{}, nil
 	}
 	v, err := l.pop(op.Delta == 0)
 	if err != nil {

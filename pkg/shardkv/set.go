@@ -108,12 +108,12 @@ func (a *applyCtx) smove(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, 
 	if err != nil || code != "" {
 		return &shardkvpb.WriteResult{Error: code}, err
 	}
+	if !srcLive {
+		return &shardkvpb.WriteResult{}, nil // before the destination's type, as Redis
+	}
 	dstRec, dm, dstLive, code, err := a.liveColl(s, op.Dest, TypeSet)
 	if err != nil || code != "" {
 		return &shardkvpb.WriteResult{Error: code}, err
-	}
-	if !srcLive {
-		return &shardkvpb.WriteResult{}, nil
 	}
 	sk := elemKey(s, op.Key, sm.Version, member)
 	cur, err := a.value(sk)

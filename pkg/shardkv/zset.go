@@ -202,9 +202,6 @@ func (a *applyCtx) mutateZSet(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 					return &shardkvpb.WriteResult{Error: errNaN}, nil
 				}
 			}
-			if score == 0 {
-				score = 0 // -0 is stored as 0: its index entry cannot tell them apart
-			}
 			if exists && ((flags&ZAddGT != 0 && !(score > cur)) || (flags&ZAddLT != 0 && !(score < cur))) {
 				continue
 			}
@@ -257,9 +254,23 @@ func (a *applyCtx) mutateZSet(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 		if err != nil {
 			return nil, err
 		}
+		n := 0
+		for _, e := range idx {
+			n += len(e.k) - len(prefix)
+		}
+		if !a.returns(n) {
+			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrResultTooLarge}, nil
+		}
 		for _, e := range idx {
 			score, member := scoreFrom(e.k[len(prefix):]), e.k[len(prefix)+8:]
-			res.Values = append(res.Values, bytes.Clone(member), ScoreValue(score))
+			shown := score
+			if score == 0 {
+				// The index has one 0; the member's record keeps -0.
+				if f, ok, err := z.score(member); err == nil && ok {
+					shown = f
+				}
+			}
+			res.Values = append(res.Values, bytes.Clone(member), ScoreValue(shown))
 			if err := z.remove(member, score); err != nil {
 				return nil, err
 			}
@@ -425,6 +436,15 @@ func (a *applyCtx) zselect(s int, key []byte, m collMeta, r ZRange, limit int) (
 		out = append(out, zpick{member: bytes.Clone(field[8:]), score: scoreFrom(field)})
 		return len(out) < limit
 	})
+	for i := range out {
+		if out[i].score == 0 { // -0 is kept in the member's record only
+			if v, err := a.value(elemKey(s, key, m.Version, zMemberField(out[i].member))); err == nil {
+				if f, ok := ValueScore(elemPayload(v)); ok {
+					out[i].score = f
+				}
+			}
+		}
+	}
 	return out, err
 }
 
