@@ -302,7 +302,7 @@ func cmdClientList(c *conn, p *pipeline, args [][]byte, _ int) {
 // configParams are the parameters CONFIG GET reports (read-only; tools such
 // as redis-benchmark ask for some of them). The password is never shown.
 func (s *Server) configParams() [][2]string {
-	return [][2]string{
+	return append(s.tun.params(), [][2]string{
 		{"appendonly", "no"},
 		{"client-query-buffer-limit", strconv.Itoa(s.cfg.MaxRequestBytes)},
 		{"cluster-enabled", "yes"},
@@ -312,7 +312,7 @@ func (s *Server) configParams() [][2]string {
 		{"proto-max-bulk-len", strconv.Itoa(s.cfg.MaxBulkBytes)},
 		{"save", ""},
 		{"timeout", strconv.Itoa(int(s.cfg.IdleTimeout / time.Second))},
-	}
+	}...)
 }
 
 func cmdConfigGet(c *conn, p *pipeline, args [][]byte, _ int) {

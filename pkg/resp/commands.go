@@ -221,6 +221,7 @@ func commandTable() map[string]*command {
 		}},
 		{name: "config", arity: -2, acl: aSlow, subs: []*command{
 			none("config|get", -3, []string{"admin", "noscript", "loading", "stale"}, []string{"@admin", "@slow", "@dangerous"}, nil, cmdConfigGet),
+			none("config|set", -4, []string{"admin", "noscript", "loading", "stale"}, []string{"@admin", "@slow", "@dangerous"}, []string{"request_policy:all_nodes", "response_policy:all_succeeded"}, cmdConfigSet),
 			none("config|help", 2, []string{"loading", "stale"}, aSlow, nil, cmdHelp),
 		}},
 		// Cluster.

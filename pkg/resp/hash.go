@@ -23,13 +23,10 @@ import (
 // pending (which they must see), each bounded by MaxReplyBytes and the
 // output budget as other reads are.
 
-// Redis 7.0's hash-max-listpack-entries and hash-max-listpack-value: a
-// hash with more fields, or a field or value longer, is a hashtable (OBJECT
-// ENCODING; HSCAN returns a small hash whole, as Redis does a listpack).
-const (
-	hashListpackEntries = 128
-	hashListpackValue   = 64
-)
+// hash-max-listpack-entries and hash-max-listpack-value (CONFIG SET,
+// config.go; Redis 7.0's 128 and 64): a hash with more fields, or a field
+// or value longer, is a hashtable (OBJECT ENCODING; HSCAN returns a small
+// hash whole, as Redis does a listpack).
 
 // hashPage bounds the elements one ReadElems of a sampling or paging
 // read holds.
@@ -261,12 +258,13 @@ func (c *conn) readAnyNow(it *item, key []byte, q shardkv.ElemQuery, b *replyBou
 // which elems are the first (at most hashListpackEntries of them): a
 // listpack while it is small, else a hashtable. Redis never converts a
 // hashtable back; this looks at the hash as it is.
-func hashEncoding(n int64, elems []shardkv.Elem) string {
-	if n > hashListpackEntries {
+func (s *Server) hashEncoding(n int64, elems []shardkv.Elem) string {
+	if n > s.tun.get("hash-max-listpack-entries") {
 		return "hashtable"
 	}
+	lim := int(s.tun.get("hash-max-listpack-value"))
 	for _, e := range elems {
-		if len(e.Field) > hashListpackValue || len(e.Value) > hashListpackValue {
+		if len(e.Field) > lim || len(e.Value) > lim {
 			return "hashtable"
 		}
 	}
@@ -538,7 +536,7 @@ func (s *Server) decodeHashCursor(cur uint64) ([]byte, bool) {
 // a hash Redis keeps as a listpack (128 fields or fewer) comes whole,
 // cursor 0, as in Redis.
 func cmdHScan(c *conn, p *pipeline, args [][]byte, slot int) {
-	c.scanColl(p, args, slot, collScan{typ: shardkv.TypeHash, whole: hashListpackEntries, values: true})
+	c.scanColl(p, args, slot, collScan{typ: shardkv.TypeHash, whole: int(c.s.tun.get("hash-max-listpack-entries")), values: true})
 }
 
 // collScan is what HSCAN and SSCAN differ in: the type scanned, the size

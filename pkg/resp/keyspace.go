@@ -167,10 +167,10 @@ func cmdObject(c *conn, p *pipeline, args [][]byte, slot int) {
 		// hash is a hashtable.
 		long := false
 		small := func(n int) bool {
-			long = long || n > 2*hashListpackValue
+			long = long || n > 2*int(max(c.s.tun.get("hash-max-listpack-value"), c.s.tun.get("zset-max-listpack-value")))
 			return !long
 		}
-		e, r, ok := c.readAnyNow(it, args[2], shardkv.ElemQuery{All: true, Count: hashListpackEntries}, b, small)
+		e, r, ok := c.readAnyNow(it, args[2], shardkv.ElemQuery{All: true, Count: int(min(max(c.s.tun.get("hash-max-listpack-entries"), c.s.tun.get("zset-max-listpack-entries"), 1), maxEncodingRead))}, b, small)
 		switch {
 		case !ok:
 			return
@@ -179,30 +179,30 @@ func cmdObject(c *conn, p *pipeline, args [][]byte, slot int) {
 		case e.Type == shardkv.TypeHash && long:
 			it.out = redcon.AppendBulkString(nil, "hashtable")
 		case e.Type == shardkv.TypeHash:
-			it.out = redcon.AppendBulkString(nil, hashEncoding(r.Len, r.Elems))
+			it.out = redcon.AppendBulkString(nil, c.s.hashEncoding(r.Len, r.Elems))
 		case e.Type == shardkv.TypeList:
 			it.out = redcon.AppendBulkString(nil, "quicklist")
-		case e.Type == shardkv.TypeSet && !long && r.Len > int64(len(r.Elems)) && r.Len <= setIntsetEntries:
+		case e.Type == shardkv.TypeSet && !long && r.Len > int64(len(r.Elems)) && r.Len <= c.s.tun.get("set-max-intset-entries") && r.Len <= maxEncodingRead:
 			// More members than the first read holds, few enough for an
 			// intset: read them all.
 			b.release()
 			var more shardkv.ElemsReply
-			if more, ok = c.readElems(it, args[2], shardkv.ElemQuery{Type: shardkv.TypeSet, All: true, Count: setIntsetEntries}, b); !ok {
+			if more, ok = c.readElems(it, args[2], shardkv.ElemQuery{Type: shardkv.TypeSet, All: true, Count: int(min(c.s.tun.get("set-max-intset-entries"), maxEncodingRead))}, b); !ok {
 				return
 			}
 			it.out = c.null() // deleted meanwhile
 			if more.Entry.Found {
-				it.out = redcon.AppendBulkString(nil, setEncoding(more.Len, more.Elems))
+				it.out = redcon.AppendBulkString(nil, c.s.setEncoding(more.Len, more.Elems))
 			}
 		case e.Type == shardkv.TypeSet:
 			// A member past the listpack bound (no integer is that long)
 			// ended the read.
 			it.out = redcon.AppendBulkString(nil, "hashtable")
 			if !long {
-				it.out = redcon.AppendBulkString(nil, setEncoding(r.Len, r.Elems))
+				it.out = redcon.AppendBulkString(nil, c.s.setEncoding(r.Len, r.Elems))
 			}
 		case e.Type == shardkv.TypeZSet:
-			it.out = redcon.AppendBulkString(nil, zsetEncoding(long, r.Len, r.Elems))
+			it.out = redcon.AppendBulkString(nil, c.s.zsetEncoding(long, r.Len, r.Elems))
 		case e.Type != shardkv.TypeString:
 			it.out = errReply("ERR shardkv does not report the encoding of a value of type " + e.Type.String())
 		default:

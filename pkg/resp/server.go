@@ -226,6 +226,7 @@ type Server struct {
 	log       *slog.Logger
 	started   time.Time
 	cursors   *cursorTable
+	tun       *tunables // CONFIG SET's parameters (config.go)
 	cmds      map[string]*command
 	budget    *memBudget // input
 	outBudget *memBudget // output
@@ -302,7 +303,7 @@ func New(cfg Config, b Backend) *Server {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{cfg: cfg, b: b, log: cfg.Logger, started: time.Now(), cursors: newCursorTable(), cmds: commandTable(),
+	return &Server{cfg: cfg, b: b, log: cfg.Logger, started: time.Now(), cursors: newCursorTable(), tun: newTunables(), cmds: commandTable(),
 		budget: &memBudget{limit: cfg.InputBudgetBytes}, outBudget: &memBudget{limit: cfg.OutputBudgetBytes}, ctx: ctx, cancel: cancel, lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}}
 }
 

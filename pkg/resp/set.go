@@ -19,10 +19,10 @@ import (
 // SINTER, SUNION, SDIFF and SINTERCARD read their sets whole, at one point
 // of the log (ReadElemsOf), and combine them here.
 
-// Redis 7.0's set-max-intset-entries: a set of at most this many members,
-// all integers, is an intset (OBJECT ENCODING; SSCAN returns it whole),
-// else a hashtable (Redis 7.0 has no listpack sets).
-const setIntsetEntries = 512
+// set-max-intset-entries (CONFIG SET, config.go; Redis 7.0's 512): a set
+// of at most this many members, all integers, is an intset (OBJECT
+// ENCODING; SSCAN returns it whole), else a hashtable (Redis 7.0 has no
+// listpack sets).
 
 // Redis's RDB type of a set of plain strings (DUMP).
 const rdbTypeSet = 2
@@ -487,7 +487,7 @@ func cmdSInterCard(c *conn, p *pipeline, args [][]byte, slot int) {
 // (scanColl): a set Redis keeps as an intset (at most 512 members, all
 // integers) comes whole, cursor 0, as in Redis.
 func cmdSScan(c *conn, p *pipeline, args [][]byte, slot int) {
-	c.scanColl(p, args, slot, collScan{typ: shardkv.TypeSet, whole: setIntsetEntries, compact: intMembers})
+	c.scanColl(p, args, slot, collScan{typ: shardkv.TypeSet, whole: int(min(c.s.tun.get("set-max-intset-entries"), maxEncodingRead)), compact: intMembers})
 }
 
 // intMembers reports whether every member is an integer as Redis stores
@@ -505,8 +505,8 @@ func intMembers(elems []shardkv.Elem) bool {
 // elems are the first (at most setIntsetEntries): an intset while it
 // holds integers only and is small, else a hashtable. Redis never converts
 // a hashtable back; this looks at the set as it is.
-func setEncoding(n int64, elems []shardkv.Elem) string {
-	if n > setIntsetEntries || int64(len(elems)) < n || !intMembers(elems) {
+func (s *Server) setEncoding(n int64, elems []shardkv.Elem) string {
+	if n > s.tun.get("set-max-intset-entries") || int64(len(elems)) < n || !intMembers(elems) {
 		return "hashtable"
 	}
 	return "intset"

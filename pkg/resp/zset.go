@@ -30,14 +30,10 @@ import (
 // shows them (addReplyDouble: "%.17g", inf and -inf; a RESP3 double after
 // HELLO 3).
 
-// Redis 7.0's zset-max-listpack-entries and zset-max-listpack-value: a
-// sorted set with more members, or a member longer, is a skiplist (OBJECT
-// ENCODING; ZSCAN returns a small one whole, in score order, as Redis does
-// a listpack).
-const (
-	zsetListpackEntries = 128
-	zsetListpackValue   = 64
-)
+// zset-max-listpack-entries and zset-max-listpack-value (CONFIG SET,
+// config.go; Redis 7.0's 128 and 64): a sorted set with more members, or a
+// member longer, is a skiplist (OBJECT ENCODING; ZSCAN returns a small one
+// whole, in score order, as Redis does a listpack).
 
 // Redis's RDB type of a sorted set of plain strings with binary scores
 // (DUMP).
@@ -407,8 +403,8 @@ func (c *conn) appendScored(b []byte, elems []shardkv.Elem, withScores bool) []b
 // if one is known to be longer than zsetListpackValue: a listpack while it
 // is small, else a skiplist. Redis never converts a skiplist back; this
 // looks at the set as it is.
-func zsetEncoding(long bool, n int64, elems []shardkv.Elem) string {
-	if long || !zsetCompact(n, elems) {
+func (s *Server) zsetEncoding(long bool, n int64, elems []shardkv.Elem) string {
+	if long || !s.zsetCompact(n, elems) {
 		return "skiplist"
 	}
 	return "listpack"
@@ -416,12 +412,13 @@ func zsetEncoding(long bool, n int64, elems []shardkv.Elem) string {
 
 // zsetCompact reports whether a sorted set of n members, elems among
 // them, is one Redis keeps as a listpack.
-func zsetCompact(n int64, elems []shardkv.Elem) bool {
-	if n > zsetListpackEntries {
+func (s *Server) zsetCompact(n int64, elems []shardkv.Elem) bool {
+	if n > s.tun.get("zset-max-listpack-entries") {
 		return false
 	}
+	lim := int(s.tun.get("zset-max-listpack-value"))
 	for _, e := range elems {
-		if len(e.Field) > zsetListpackValue {
+		if len(e.Field) > lim {
 			return false
 		}
 	}
@@ -1090,7 +1087,7 @@ func cmdZScan(c *conn, p *pipeline, args [][]byte, slot int) {
 	pageCount := int(min(count, hashPage*1024))
 	first := after == nil
 	if first {
-		pageCount = max(pageCount, zsetListpackEntries)
+		pageCount = max(pageCount, int(min(c.s.tun.get("zset-max-listpack-entries"), maxEncodingRead)))
 	}
 	it := c.startNow(p, slot)
 	if it == nil {
@@ -1117,10 +1114,10 @@ func cmdZScan(c *conn, p *pipeline, args [][]byte, slot int) {
 	}
 	elems, next := r.Elems, r.Next
 	format := formatDouble
-	if first && next == nil && r.Len <= zsetListpackEntries {
+	if first && next == nil && r.Len <= c.s.tun.get("zset-max-listpack-entries") {
 		elems = slices.Clone(elems)
 		slices.SortFunc(elems, byScore)
-		if zsetCompact(r.Len, elems) {
+		if c.s.zsetCompact(r.Len, elems) {
 			format = d2string
 		}
 	} else if int64(len(elems)) > count {
