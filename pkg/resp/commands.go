@@ -173,6 +173,10 @@ func commandTable() map[string]*command {
 		{name: "dump", arity: 2, flags: []string{"readonly"}, first: 1, last: 1, step: 1, acl: []string{"@keyspace", "@read", "@slow"}, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO", "access"}, run: cmdDump},
 		key1("restore", -4, fWriteD, []string{"@keyspace", "@write", "@slow", "@dangerous"}, []string{"OW", "update"}, cmdRestore),
 		none("randomkey", 1, []string{"readonly", "touches_arbitrary_keys"}, []string{"@keyspace", "@read", "@slow"}, []string{"request_policy:all_shards", "nondeterministic_output"}, cmdRandomKey),
+		{name: "memory", arity: -2, acl: aSlow, subs: []*command{
+			{name: "memory|usage", arity: -3, flags: []string{"readonly"}, first: 2, last: 2, step: 1, acl: []string{"@read", "@slow"}, keyFlags: []string{"RO"}, run: cmdMemoryUsage},
+			none("memory|help", 2, []string{"loading", "stale"}, aSlow, nil, cmdHelp),
+		}},
 		{name: "object", arity: -2, acl: aSlow, subs: []*command{
 			{name: "object|encoding", arity: 3, flags: []string{"readonly"}, first: 2, last: 2, step: 1, acl: []string{"@keyspace", "@read", "@slow"}, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO"}, run: cmdObject},
 			{name: "object|refcount", arity: 3, flags: []string{"readonly"}, first: 2, last: 2, step: 1, acl: []string{"@keyspace", "@read", "@slow"}, tips: []string{"nondeterministic_output"}, keyFlags: []string{"RO"}, run: cmdObject},
@@ -621,6 +625,13 @@ func helpText(name string) []string {
 		"config": {
 			"CONFIG <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
 			"GET <pattern>", "    Return parameters matching the glob-like <pattern> and their values.",
+			"HELP", "    Print this help.",
+		},
+		"memory": {
+			"MEMORY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+			"USAGE <key> [SAMPLES <count>]", "    Return an estimate of the bytes <key> takes (storage is badger's, not an",
+			"    allocator's). For nested types, the first <count> elements are sampled",
+			"    (default 5; 0 samples all).",
 			"HELP", "    Print this help.",
 		},
 		"object": {

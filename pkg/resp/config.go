@@ -96,11 +96,15 @@ func cmdConfigSet(c *conn, p *pipeline, args [][]byte, _ int) {
 	}
 	var changes []change
 	seen := map[*tunable]bool{}
+next:
 	for i := 2; i < len(args); i += 2 {
 		name, val := string(args[i]), string(args[i+1])
 		x := c.s.tun.find(name)
 		if x == nil {
 			for _, kv := range c.s.configParams() {
+				if strings.EqualFold(kv[0], name) && kv[1] == val {
+					continue next // already so (the Tcl suite sets save "")
+				}
 				if strings.EqualFold(kv[0], name) {
 					p.reply(errReply(fmt.Sprintf("ERR CONFIG SET failed (possibly related to argument '%s') - shardkv sets this at start (node flags), not at run time", name)))
 					return

@@ -20,6 +20,31 @@ func (e *env) testHashes(t *testing.T) {
 	e.run(t, "RandField", e.testHashRandField)
 	e.run(t, "ReplyBound", e.testHashReplyBound)
 	e.run(t, "Limits", e.testHashLimits)
+	e.run(t, "MemoryUsage", e.testMemoryUsage)
+}
+
+// testMemoryUsage: MEMORY USAGE estimates a string by its bytes and a
+// collection by its size times its sampled elements; nil for no key.
+func (e *env) testMemoryUsage(t *testing.T) {
+	key := "{mu}h"
+	c := e.conn(e.leaderAddr(e.owner(key)))
+	c.do("del", key, "{mu}s")
+	expect(t, c.do("memory", "usage", key), nil)
+	c.do("set", "{mu}s", strings.Repeat("v", 1000))
+	if n, ok := c.do("memory", "usage", "{mu}s").(int64); !ok || n < 1000 || n > 1100 {
+		t.Fatalf("MEMORY USAGE of a 1000-byte string: %v", n)
+	}
+	for i := range 100 {
+		c.do("hset", key, fmt.Sprint("f", i), strings.Repeat("x", 100))
+	}
+	small, _ := c.do("memory", "usage", key).(int64)
+	for i := 100; i < 200; i++ {
+		c.do("hset", key, fmt.Sprint("f", i), strings.Repeat("x", 100))
+	}
+	if big, _ := c.do("memory", "usage", key, "samples", "0").(int64); small < 100*100 || big < 2*small-200 {
+		t.Fatalf("MEMORY USAGE of a hash of 100 and 200 fields: %d, %d", small, big)
+	}
+	expect(t, c.do("memory", "usage", key, "samples"), rerr("ERR syntax error"))
 }
 
 // testHashPipeline: a hash read sees the writes pipelined before it, a
