@@ -557,9 +557,13 @@ func TestCluster(t *testing.T) {
 				t.Fatalf("planned move: %+v", m)
 			}
 		}
+		// The new group's own reports may cut some moves over between the
+		// query and the status (CI at c8a9159 saw config 9, moves of 4 of
+		// the 8 shards cut over): the status is at the join's config or
+		// later, not settled, and plans no move the join did not.
 		s := decode[statusOut](t, mustRun(t, c, "--json", "status"))
-		if s.ConfigNum != q.Num || s.Settled || len(s.PlannedMoves) != len(q.Moves) {
-			t.Fatalf("status after join: %+v", s)
+		if s.ConfigNum < q.Num || s.Settled || len(s.PlannedMoves) > len(q.Moves) || len(s.PlannedMoves)+len(s.Migrations) == 0 {
+			t.Fatalf("status after join (config %d, %d moves planned): %+v", q.Num, len(q.Moves), s)
 		}
 		cutOverAll(t, ctrl)
 		q = decode[configOut](t, mustRun(t, c, "--json", "query"))
