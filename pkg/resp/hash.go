@@ -660,6 +660,26 @@ func appendScanPage(b []byte, cursor string, elems []shardkv.Elem, pattern []byt
 	return b
 }
 
+// randCountArgs parses HRANDFIELD's and ZRANDMEMBER's key [count [word]]
+// with Redis's checks in its order; refusal, when set, is the reply.
+func randCountArgs(args [][]byte, word string) (count int64, with, hasCount bool, refusal []byte) {
+	if hasCount = len(args) >= 3; !hasCount {
+		return 0, false, false, nil
+	}
+	n, ok := parseInt(args[2])
+	switch {
+	case !ok:
+		return 0, false, true, errReply(errNotInteger)
+	case n == math.MinInt64:
+		return 0, false, true, errReply(fmt.Sprintf("ERR value is out of range, value must between %d and %d", -math.MaxInt64, int64(math.MaxInt64)))
+	case len(args) > 4 || (len(args) == 4 && !strings.EqualFold(string(args[3]), word)):
+		return 0, false, true, errReply(errSyntax)
+	case len(args) == 4 && (n < -math.MaxInt64/2 || n > math.MaxInt64/2):
+		return 0, false, true, errReply("ERR value is out of range")
+	}
+	return n, len(args) == 4, true, nil
+}
+
 // cmdHRandField: HRANDFIELD key [count [WITHVALUES]], with Redis's checks
 // in its order. Without a count, a field (nil: no key); a count of at least
 // the hash's size is the whole hash; a positive one that many distinct
@@ -667,25 +687,10 @@ func appendScanPage(b []byte, cursor string, elems []shardkv.Elem, pattern []byt
 // uniform: positions are drawn from the hash's size, then the hash is read
 // in pages of hashPage fields up to the last of them.
 func cmdHRandField(c *conn, p *pipeline, args [][]byte, slot int) {
-	var count int64
-	withValues, hasCount := false, len(args) >= 3
-	if hasCount {
-		n, ok := parseInt(args[2])
-		switch {
-		case !ok:
-			p.reply(errReply(errNotInteger))
-			return
-		case n == math.MinInt64:
-			p.reply(errReply(fmt.Sprintf("ERR value is out of range, value must between %d and %d", -math.MaxInt64, int64(math.MaxInt64))))
-			return
-		case len(args) > 4 || (len(args) == 4 && !strings.EqualFold(string(args[3]), "withvalues")):
-			p.reply(errReply(errSyntax))
-			return
-		case len(args) == 4 && (n < -math.MaxInt64/2 || n > math.MaxInt64/2):
-			p.reply(errReply("ERR value is out of range"))
-			return
-		}
-		count, withValues = n, len(args) == 4
+	count, withValues, hasCount, refusal := randCountArgs(args, "withvalues")
+	if refusal != nil {
+		p.reply(refusal)
+		return
 	}
 	it := c.startNow(p, slot)
 	if it == nil {

@@ -311,9 +311,7 @@ func (e *env) testSetAlgebra(t *testing.T) {
 }
 
 // testSetStores: SINTERSTORE, SUNIONSTORE and SDIFFSTORE of several
-// sources. The engine refuses a store of two sources or more for now
-// (it checks every op's more_keys against more_values): skipped while
-// that holds.
+// sources (the engine refused two sources or more before 7dff586).
 func (e *env) testSetStores(t *testing.T) {
 	a, b, d := "{sst}a", "{sst}b", "{sst}d"
 	c := e.conn(e.leaderAddr(e.owner(a)))
@@ -321,7 +319,7 @@ func (e *env) testSetStores(t *testing.T) {
 	saddMany(t, c, a, 3000, func(i int) string { return strconv.Itoa(2 * i) })
 	saddMany(t, c, b, 3000, func(i int) string { return strconv.Itoa(3 * i) })
 	if r, ok := c.do("sinterstore", d, a, b).(rerr); ok && strings.Contains(string(r), "more keys but") {
-		t.Skipf("engine bug: a store of two sources is refused: %s", r)
+		t.Fatalf("a store of two sources is refused: %s", r)
 	}
 	expect(t, c.do("scard", d), int64(1000))
 	expect(t, c.do("sunionstore", d, a, b), int64(5000))

@@ -1161,25 +1161,10 @@ func appendZScanPage(b []byte, cursor string, elems []shardkv.Elem, pattern []by
 // that many distinct members (in that order too), a negative one that
 // many picks that may repeat, in random order.
 func cmdZRandMember(c *conn, p *pipeline, args [][]byte, slot int) {
-	var count int64
-	withScores, hasCount := false, len(args) >= 3
-	if hasCount {
-		n, ok := parseInt(args[2])
-		switch {
-		case !ok:
-			p.reply(errReply(errNotInteger))
-			return
-		case n == math.MinInt64:
-			p.reply(errReply(fmt.Sprintf("ERR value is out of range, value must between %d and %d", -math.MaxInt64, int64(math.MaxInt64))))
-			return
-		case len(args) > 4 || (len(args) == 4 && !strings.EqualFold(string(args[3]), "withscores")):
-			p.reply(errReply(errSyntax))
-			return
-		case len(args) == 4 && (n < -math.MaxInt64/2 || n > math.MaxInt64/2):
-			p.reply(errReply("ERR value is out of range"))
-			return
-		}
-		count, withScores = n, len(args) == 4
+	count, withScores, hasCount, refusal := randCountArgs(args, "withscores")
+	if refusal != nil {
+		p.reply(refusal)
+		return
 	}
 	it := c.startNow(p, slot)
 	if it == nil {

@@ -423,11 +423,9 @@ func (e *env) testZSetDump(t *testing.T) {
 	expect(t, c.do("type", key), status("zset"))
 }
 
-// testZSetCopySize: RENAME and COPY of a sorted set keep its size. The
-// engine's copyElems counts both records of each member (its score and
-// its score index entry), so a copy reports twice its size: ZCARD is
-// wrong, negative ranks and ZREVRANK count from the wrong end, and the
-// copy never goes with its last member. Skipped while that holds.
+// testZSetCopySize: RENAME and COPY of a sorted set keep its size (a copy
+// counted both records of each member before 7dff586: ZCARD, negative
+// ranks and ZREVRANK were wrong, and the copy outlived its last member).
 func (e *env) testZSetCopySize(t *testing.T) {
 	key, dst := "{zy}a", "{zy}b"
 	c := e.conn(e.leaderAddr(e.owner(key)))
@@ -435,7 +433,7 @@ func (e *env) testZSetCopySize(t *testing.T) {
 	c.do("zadd", key, "1", "a", "2", "b")
 	c.do("rename", key, dst)
 	if n := c.do("zcard", dst); n != int64(2) {
-		t.Skipf("engine bug: ZCARD of a renamed 2-member sorted set is %v (copyElems counts 2 records a member)", n)
+		t.Fatalf("ZCARD of a renamed 2-member sorted set is %v, want 2", n)
 	}
 	expect(t, c.do("zrange", dst, "-1", "-1"), []any{"b"})
 	expect(t, c.do("zrevrank", dst, "b"), int64(0))
@@ -446,9 +444,8 @@ func (e *env) testZSetCopySize(t *testing.T) {
 }
 
 // testZSetNegativeZero: a score of -0 shows as -0 everywhere, as in Redis.
-// The engine's score index folds -0 into 0 (scoreBytes), and range reads
-// and pops take the score from the index, so ZRANGE WITHSCORES and
-// ZPOPMIN show 0 where ZSCORE shows -0. Skipped while that holds.
+// The score index holds one 0 (scoreBytes): range reads and pops take a
+// zero score from the member's record.
 func (e *env) testZSetNegativeZero(t *testing.T) {
 	key := "{zn}z"
 	c := e.conn(e.leaderAddr(e.owner(key)))
@@ -456,16 +453,15 @@ func (e *env) testZSetNegativeZero(t *testing.T) {
 	c.do("zadd", key, "-0", "a")
 	expect(t, c.do("zscore", key, "a"), "-0")
 	if r := c.do("zrange", key, "0", "-1", "withscores"); fmt.Sprint(r) != "[a -0]" {
-		t.Skipf("engine bug: ZRANGE WITHSCORES of a member scored -0 shows %v (the score index folds -0 into 0)", r)
+		t.Fatalf("ZRANGE WITHSCORES of a member scored -0 shows %v", r)
 	}
 	expect(t, c.do("zpopmin", key), []any{"a", "-0"})
 }
 
 // testZSetStores: ZUNIONSTORE, ZINTERSTORE and ZDIFFSTORE of several
 // sources, their results as redis-server 7.0.15 gives them (the
-// differential script has the one-source forms). The group refuses an op
-// with more_keys but no more_values (Group.checkOp's MSETNX check): every
-// store of two sources or more fails so. Skipped while that holds.
+// differential script has the one-source forms; the group refused two
+// sources or more before 7dff586).
 func (e *env) testZSetStores(t *testing.T) {
 	c := e.conn(e.leaderAddr(e.owner("{zu}u1")))
 	c.do("del", "{zu}u1", "{zu}u2", "{zu}s1", "{zu}i1", "{zu}i2", "{zu}dst", "{zu}str")
@@ -476,7 +472,7 @@ func (e *env) testZSetStores(t *testing.T) {
 	c.do("zadd", "{zu}i2", "-inf", "a", "2", "b")
 	c.do("set", "{zu}str", "x")
 	if r, ok := c.do("zunionstore", "{zu}dst", "2", "{zu}u1", "{zu}u2").(rerr); ok && strings.Contains(string(r), "more keys but 0 more values") {
-		t.Skipf("engine bug: a store of two sources is refused: %s", r)
+		t.Fatalf("a store of two sources is refused: %s", r)
 	}
 	all := func() any { return c.do("zrange", "{zu}dst", "0", "-1", "withscores") }
 	expect(t, all(), []any{"a", "1", "b", "12", "c", "23", "d", "30"}, "ZUNIONSTORE")

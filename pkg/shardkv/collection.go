@@ -257,18 +257,34 @@ type rawKV struct{ k, v []byte }
 // key from on (nil: the first), as the current entry sees them: storage
 // overlaid with the entry's own buffered writes.
 func (a *applyCtx) scanElems(prefix, from []byte, limit int) ([]rawKV, error) {
+	return a.scanPrefix(prefix, from, limit, false)
+}
+
+// scanElemsRev returns the last (up to limit) records under prefix in
+// descending key order, as the current entry sees them.
+func (a *applyCtx) scanElemsRev(prefix []byte, limit int) ([]rawKV, error) {
+	return a.scanPrefix(prefix, nil, limit, true)
+}
+
+// scanPrefix is scanElems, or scanElemsRev when reverse (from is then
+// unused): storage read up to limit plus the entry's buffered writes (any
+// of which may hide a stored record), then the buffer overlaid.
+func (a *applyCtx) scanPrefix(prefix, from []byte, limit int, reverse bool) ([]rawKV, error) {
 	var out []rawKV
 	extra := 0
 	if a.buf != nil {
 		extra = len(a.buf.order)
 	}
-	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true})
-	if from == nil {
+	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, Reverse: reverse})
+	switch {
+	case reverse:
+		it.Seek(append(bytes.Clone(prefix), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff))
+	case from == nil:
 		it.Rewind()
-	} else {
+	default:
 		it.Seek(from)
 	}
-	for ; it.Valid() && len(out) < limit+extra; it.Next() {
+	for ; it.ValidForPrefix(prefix) && len(out) < limit+extra; it.Next() {
 		v, err := it.Item().ValueCopy(nil)
 		if err != nil {
 			it.Close()
@@ -297,54 +313,12 @@ func (a *applyCtx) scanElems(prefix, from []byte, limit int) ([]rawKV, error) {
 			}
 		}
 		out = slices.DeleteFunc(out, func(e rawKV) bool { return e.v == nil })
-		slices.SortFunc(out, func(x, y rawKV) int { return bytes.Compare(x.k, y.k) })
-	}
-	if len(out) > limit {
-		out = out[:limit]
-	}
-	return out, nil
-}
-
-// scanElemsRev returns the last (up to limit) records under prefix in
-// descending key order, as the current entry sees them.
-func (a *applyCtx) scanElemsRev(prefix []byte, limit int) ([]rawKV, error) {
-	extra := 0
-	if a.buf != nil {
-		extra = len(a.buf.order)
-	}
-	var out []rawKV
-	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, Reverse: true})
-	it.Seek(append(bytes.Clone(prefix), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff))
-	for ; it.ValidForPrefix(prefix) && len(out) < limit+extra; it.Next() {
-		v, err := it.Item().ValueCopy(nil)
-		if err != nil {
-			it.Close()
-			return nil, err
-		}
-		out = append(out, rawKV{it.Item().KeyCopy(nil), v})
-	}
-	it.Close()
-	if a.buf != nil {
-		m := map[string]int{}
-		for i, e := range out {
-			m[string(e.k)] = i
-		}
-		for _, k := range a.buf.order {
-			if !bytes.HasPrefix([]byte(k), prefix) {
-				continue
+		slices.SortFunc(out, func(x, y rawKV) int {
+			if reverse {
+				return bytes.Compare(y.k, x.k)
 			}
-			w := a.buf.m[k]
-			if i, ok := m[k]; ok {
-				out[i].v = w.v
-				if w.del {
-					out[i].v = nil
-				}
-			} else if !w.del {
-				out = append(out, rawKV{[]byte(k), w.v})
-			}
-		}
-		out = slices.DeleteFunc(out, func(e rawKV) bool { return e.v == nil })
-		slices.SortFunc(out, func(x, y rawKV) int { return bytes.Compare(y.k, x.k) })
+			return bytes.Compare(x.k, y.k)
+		})
 	}
 	if len(out) > limit {
 		out = out[:limit]
