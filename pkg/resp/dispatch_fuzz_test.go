@@ -31,7 +31,7 @@ var (
 		"sadd", "srem", "smembers", "sismember", "smismember", "scard", "spop", "srandmember", "smove", "sinter", "sunion", "sdiff",
 		"sinterstore", "sunionstore", "sdiffstore", "sintercard", "sscan", "lpush", "rpush", "lpushx", "rpushx", "lpop", "rpop",
 		"lrange", "llen", "lindex", "lset", "linsert", "lrem", "ltrim", "lpos", "lmove", "rpoplpush", "lmpop", "blpop", "brpop",
-		"blmove", "brpoplpush", "blmpop"}
+		"blmove", "brpoplpush", "blmpop", "zmpop", "bzmpop", "bzpopmin", "bzpopmax", "lcs"}
 	fuzzWords = []string{"k", "{t}a", "{t}b", "n", "", "id", "setname", "getname", "setinfo", "lib-name", "info", "list", "help",
 		"count", "docs", "getkeys", "myid", "keyslot", "slots", "shards", "nodes", "countkeysinslot", "getkeysinslot", "ex", "px",
 		"exat", "pxat", "nx", "xx", "gt", "lt", "get", "keepttl", "match", "*", "type", "string", "auth", "setname", "default", "persist", "replace", "db", "{t}*", "flush", "async", "sync", "bit", "byte", "encoding", "refcount", "freq", "idletime", "absttl",
@@ -39,7 +39,7 @@ var (
 		"withvalues", "hash", "f", "g", "4611686018427387904", "-4611686018427387904",
 		"withscores", "byscore", "bylex", "rev", "limit", "incr", "ch", "weights", "aggregate", "sum", "min", "max", "zset",
 		"-inf", "+inf", "(1", "[a", "(a", "-", "+", "0x10", " 1",
-		"left", "right", "before", "after", "rank", "maxlen", "set", "list"}
+		"left", "right", "before", "after", "rank", "maxlen", "set", "list", "idx", "len", "minmatchlen", "withmatchlen"}
 )
 
 // dispatchServer starts one data group of one replica with its RESP
@@ -105,9 +105,9 @@ func decodeCommands(data []byte) [][]string {
 func shortTimeout(cmd []string) []string {
 	at := len(cmd) - 1
 	switch {
-	case cmd[0] == "blmpop" && len(cmd) > 1:
+	case (cmd[0] == "blmpop" || cmd[0] == "bzmpop") && len(cmd) > 1:
 		at = 1
-	case cmd[0] == "blpop", cmd[0] == "brpop", cmd[0] == "blmove", cmd[0] == "brpoplpush":
+	case cmd[0] == "blpop", cmd[0] == "brpop", cmd[0] == "blmove", cmd[0] == "brpoplpush", cmd[0] == "bzpopmin", cmd[0] == "bzpopmax":
 	default:
 		return cmd
 	}

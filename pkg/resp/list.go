@@ -2,7 +2,6 @@ package resp
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -550,133 +549,6 @@ func dumpList(elems []shardkv.Elem) []byte {
 	return binary.LittleEndian.AppendUint64(b, crc64Jones(b))
 }
 
-// --- pops of several keys, and blocking ---
-
-// popNow runs op, a pop, as a write of its own (due by deadline) for the
-// item it. It reports false if it popped nothing (no list); otherwise it
-// sets it.out: render's reply, or the write's error or refusal.
-func (c *conn) popNow(it *item, deadline time.Time, op *shardkvpb.WriteOp, render func([]*shardkvpb.WriteResult) []byte) bool {
-	w := &item{slot: it.slot, ops: []*shardkvpb.WriteOp{op}, deadline: deadline, seq: it.seq, onWrite: render}
-	c.s.runWrites([]*item{w})
-	if len(w.res) == 1 && w.res[0].Error == "" && len(w.res[0].Values) == 0 {
-		return false
-	}
-	it.out = w.out
-	return true
-}
-
-// readLists reads which of keys hold something, at one point of the log,
-// on the leader (a blocking command is a write: a follower answers MOVED).
-// On failure it sets it.out and reports false.
-func (c *conn) readLists(it *item, keys [][]byte) ([]shardkv.ElemsReply, bool) {
-	s := c.s
-	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReadTimeout)
-	defer cancel()
-	rs, err := s.b.ReadElemsOf(ctx, keys, shardkv.ElemQuery{Type: shardkv.TypeList}, false, nil)
-	if err == nil && len(rs) != len(keys) {
-		err = fmt.Errorf("backend returned %d collections for %d keys", len(rs), len(keys))
-	}
-	if err != nil {
-		c.readNowFailed(ctx, it, err, &replyBound{s: s, typ: shardkv.TypeList})
-		return nil, false
-	}
-	return rs, true
-}
-
-// popFirst pops from the first of keys that holds a list, as Redis's
-// BLPOP and LMPOP choose it (a missing key is skipped, one of another
-// type answers WRONGTYPE, or is skipped too once the command has waited:
-// Redis serves a blocked client from the lists pushed to only): pop makes
-// the op for that key, render the reply. It reports whether it answered
-// (done). One key is popped at once; several are read first (one read of
-// them all), then the first list among them is popped, so another
-// client's write between the two may make the pop find nothing (raced).
-func (c *conn) popFirst(it *item, deadline time.Time, waited bool, keys [][]byte, pop func(key []byte) *shardkvpb.WriteOp, render func(key []byte) func([]*shardkvpb.WriteResult) []byte) (done, raced bool) {
-	if len(keys) == 1 {
-		return c.popNow(it, deadline, pop(keys[0]), render(keys[0])), false
-	}
-	rs, ok := c.readLists(it, keys)
-	if !ok {
-		return true, false
-	}
-	for i, r := range rs {
-		switch {
-		case !r.Entry.Found, r.Entry.Type != shardkv.TypeList && waited:
-			continue
-		case r.Entry.Type != shardkv.TypeList:
-			it.out = errReply(errWrongType)
-			return true, false
-		}
-		done = c.popNow(it, deadline, pop(keys[i]), render(keys[i]))
-		return done, !done
-	}
-	return false, false
-}
-
-// block serves a blocking command on keys: try pops at once (see
-// popFirst; it reports whether it answered); when there was nothing to
-// pop, the replies before this one go out and the command waits for a
-// write to one of keys, then tries again (waited), until timeout (0: for
-// ever), when it answers a null array, as Redis. Before each wait a read
-// (which wakes no other waiter, where an empty pop would) tells whether
-// one of keys holds a list (a key of another type does not end the wait,
-// as in Redis). The wait ends early if the client leaves or the server
-// closes. A shard that moves away wakes the waiter too: its next read or
-// pop is refused (MOVED, and the client resends the command where the
-// shard went).
-func (c *conn) block(p *pipeline, slot int, keys [][]byte, timeout time.Duration, try func(it *item, deadline time.Time, waited bool) bool) {
-	s := c.s
-	start := time.Now()
-	it := c.startNow(p, slot)
-	if it == nil || try(it, it.deadline, false) {
-		return
-	}
-	p.emit()
-	s.stats.blocked.Add(1)
-	defer s.stats.blocked.Add(-1)
-	var expired <-chan time.Time
-	if timeout > 0 {
-		t := time.NewTimer(max(timeout-time.Since(start), 0))
-		defer t.Stop()
-		expired = t.C
-	}
-	for {
-		changed, stop := s.b.WatchKeys(keys)
-		rs, ok := c.readLists(it, keys)
-		if !ok {
-			stop()
-			return
-		}
-		found := false
-		for _, r := range rs {
-			found = found || (r.Entry.Found && r.Entry.Type == shardkv.TypeList)
-		}
-		if !found {
-			select {
-			case <-changed:
-				stop()
-				continue // read again
-			case <-expired:
-				stop()
-				it.out = c.nullArray()
-				return
-			case <-c.q.left():
-				stop()
-				it.out = c.nullArray() // nobody reads it
-				return
-			case <-s.ctx.Done():
-				stop()
-				it.out = errReply("ERR the server is shutting down")
-				return
-			}
-		}
-		stop()
-		if try(it, time.Now().Add(s.cfg.PipelineTimeout), true) {
-			return
-		}
-	}
-}
-
 // cmdBPop serves BLPOP and BRPOP key [key ...] timeout: [key, element]
 // from the first key that holds a list, waiting for one (see block).
 func cmdBPop(c *conn, p *pipeline, args [][]byte, slot int) {
@@ -704,10 +576,7 @@ func cmdBPop(c *conn, p *pipeline, args [][]byte, slot int) {
 			return redcon.AppendBulk(b, r[0].Values[0])
 		}
 	}
-	c.block(p, slot, keys, timeout, func(it *item, deadline time.Time, waited bool) bool {
-		done, _ := c.popFirst(it, deadline, waited, keys, pop, render)
-		return done
-	})
+	c.popAny(p, slot, keys, shardkv.TypeList, true, timeout, pop, render)
 }
 
 // cmdBLMove serves BLMOVE source destination LEFT|RIGHT LEFT|RIGHT
@@ -728,7 +597,7 @@ func cmdBLMove(c *conn, p *pipeline, args [][]byte, slot int) {
 		return
 	}
 	op := lmoveOp(args[1], args[2], from, to)
-	c.block(p, slot, args[1:2], timeout, func(it *item, deadline time.Time, _ bool) bool {
+	c.block(p, slot, args[1:2], shardkv.TypeList, timeout, func(it *item, deadline time.Time, _ bool) bool {
 		return c.popNow(it, deadline, op, c.movedReply)
 	})
 }
@@ -736,52 +605,14 @@ func cmdBLMove(c *conn, p *pipeline, args [][]byte, slot int) {
 // cmdLMPop serves LMPOP numkeys key [key ...] LEFT|RIGHT [COUNT count]
 // and BLMPOP timeout numkeys ...: [key, [elements]] from the first key
 // that holds a list (null array if none; BLMPOP waits for one, see
-// block), with Redis's checks in its order.
+// block).
 func cmdLMPop(c *conn, p *pipeline, args [][]byte, slot int) {
-	blocking := args[0][0]|0x20 == 'b'
-	at := 1 // numkeys
-	if blocking {
-		at = 2
-	}
-	n, ok := parseInt(args[at])
-	if !ok || n < 1 {
-		p.reply(errReply("ERR numkeys should be greater than 0"))
+	a, e := parseMPop(args, "left", "right")
+	if e != nil {
+		p.reply(e)
 		return
 	}
-	whereAt := int64(at) + n + 1
-	if whereAt >= int64(len(args)) {
-		p.reply(errReply(errSyntax))
-		return
-	}
-	side, ok := listSide(args[whereAt])
-	if !ok {
-		p.reply(errReply(errSyntax))
-		return
-	}
-	count := int64(-1)
-	for j := int(whereAt) + 1; j < len(args); j++ {
-		if count != -1 || !strings.EqualFold(string(args[j]), "count") || j+1 >= len(args) {
-			p.reply(errReply(errSyntax))
-			return
-		}
-		j++
-		m, ok := parseInt(args[j])
-		if !ok || m < 1 {
-			p.reply(errReply("ERR count should be greater than 0"))
-			return
-		}
-		count = m
-	}
-	count = max(count, 1)
-	var timeout time.Duration
-	if blocking {
-		var e []byte
-		if timeout, e = parseTimeout(args[1]); e != nil {
-			p.reply(e)
-			return
-		}
-	}
-	keys := args[at+1 : whereAt]
+	keys, side, count := a.keys, a.side, a.count
 	for _, k := range keys {
 		if e := c.listKeyError(k); e != nil {
 			p.reply(e)
@@ -799,27 +630,5 @@ func cmdLMPop(c *conn, p *pipeline, args [][]byte, slot int) {
 			return appendBulks(redcon.AppendArray(b, len(r[0].Values)), r[0].Values)
 		}
 	}
-	if blocking {
-		c.block(p, slot, keys, timeout, func(it *item, deadline time.Time, waited bool) bool {
-			done, _ := c.popFirst(it, deadline, waited, keys, pop, render)
-			return done
-		})
-		return
-	}
-	it := c.startNow(p, slot)
-	if it == nil {
-		return
-	}
-	// A pop that found nothing after the read found a list lost a race
-	// with another client: read again (a few times).
-	for range 3 {
-		done, raced := c.popFirst(it, it.deadline, false, keys, pop, render)
-		if done {
-			return
-		}
-		if !raced {
-			break
-		}
-	}
-	it.out = c.nullArray()
+	c.popAny(p, slot, keys, shardkv.TypeList, a.blocking, a.timeout, pop, render)
 }

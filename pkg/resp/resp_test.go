@@ -36,6 +36,7 @@ func TestRESP(t *testing.T) {
 	e.run(t, "Info", e.testInfo)
 	e.run(t, "Auth", e.testAuth)
 	e.run(t, "Limits", e.testLimits)
+	e.run(t, "LCS", e.testLCS)
 	e.run(t, "Outcomes", e.testOutcomes)
 	e.run(t, "Hashes", e.testHashes)
 	e.run(t, "Sets", e.testSets)

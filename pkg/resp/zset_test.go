@@ -27,6 +27,7 @@ func (e *env) testZSets(t *testing.T) {
 	e.run(t, "Stores", e.testZSetStores)
 	e.run(t, "CopySize", e.testZSetCopySize)
 	e.run(t, "NegativeZero", e.testZSetNegativeZero)
+	e.run(t, "Blocking", e.testZSetBlocking)
 }
 
 // zaddMany adds n members to key (name(i) scores score(i)) in ZADDs of

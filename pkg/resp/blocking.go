@@ -1,0 +1,232 @@
+package resp
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/shardkv/shardkv/pkg/shardkv"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
+)
+
+// Pops of the first of several keys (LMPOP, ZMPOP) and the blocking
+// commands (BLPOP, BRPOP, BLMOVE, BRPOPLPUSH, BLMPOP, BZPOPMIN, BZPOPMAX,
+// BZMPOP): a pop is a write like any other (so only the leader serves a
+// blocking command: a follower answers MOVED); when there is nothing to
+// pop, the command watches its keys (Backend.WatchKeys) and tries again
+// after each write to one of them is applied, until its timeout. The
+// connection runs nothing else meanwhile, as a blocked Redis client.
+
+// popNow runs op, a pop, as a write of its own (due by deadline) for the
+// item it. It reports false if it popped nothing (no key of its type); otherwise it
+// sets it.out: render's reply, or the write's error or refusal.
+func (c *conn) popNow(it *item, deadline time.Time, op *shardkvpb.WriteOp, render func([]*shardkvpb.WriteResult) []byte) bool {
+	w := &item{slot: it.slot, ops: []*shardkvpb.WriteOp{op}, deadline: deadline, seq: it.seq, onWrite: render}
+	c.s.runWrites([]*item{w})
+	if len(w.res) == 1 && w.res[0].Error == "" && len(w.res[0].Values) == 0 {
+		return false
+	}
+	it.out = w.out
+	return true
+}
+
+// readColls reads which of keys hold something (typ says which type
+// counts), at one point of the log, on the leader (a blocking command is a
+// write: a follower answers MOVED). On failure it sets it.out and reports
+// false.
+func (c *conn) readColls(it *item, keys [][]byte, typ shardkv.ValueType) ([]shardkv.ElemsReply, bool) {
+	s := c.s
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ReadTimeout)
+	defer cancel()
+	rs, err := s.b.ReadElemsOf(ctx, keys, shardkv.ElemQuery{Type: typ}, false, nil)
+	if err == nil && len(rs) != len(keys) {
+		err = fmt.Errorf("backend returned %d collections for %d keys", len(rs), len(keys))
+	}
+	if err != nil {
+		c.readNowFailed(ctx, it, err, &replyBound{s: s, typ: typ})
+		return nil, false
+	}
+	return rs, true
+}
+
+// popFirst pops from the first of keys that holds a typ (a list or a
+// sorted set), as Redis's BLPOP, LMPOP and ZMPOP choose it (a missing key is skipped, one of another
+// type answers WRONGTYPE, or is skipped too once the command has waited:
+// Redis serves a blocked client from the lists pushed to only): pop makes
+// the op for that key, render the reply. It reports whether it answered
+// (done). One key is popped at once; several are read first (one read of
+// them all), then the first list among them is popped, so another
+// client's write between the two may make the pop find nothing (raced).
+func (c *conn) popFirst(it *item, deadline time.Time, waited bool, keys [][]byte, typ shardkv.ValueType, pop func(key []byte) *shardkvpb.WriteOp, render func(key []byte) func([]*shardkvpb.WriteResult) []byte) (done, raced bool) {
+	if len(keys) == 1 {
+		return c.popNow(it, deadline, pop(keys[0]), render(keys[0])), false
+	}
+	rs, ok := c.readColls(it, keys, typ)
+	if !ok {
+		return true, false
+	}
+	for i, r := range rs {
+		switch {
+		case !r.Entry.Found, r.Entry.Type != typ && waited:
+			continue
+		case r.Entry.Type != typ:
+			it.out = errReply(errWrongType)
+			return true, false
+		}
+		done = c.popNow(it, deadline, pop(keys[i]), render(keys[i]))
+		return done, !done
+	}
+	return false, false
+}
+
+// block serves a blocking command on keys: try pops at once (see
+// popFirst; it reports whether it answered); when there was nothing to
+// pop, the replies before this one go out and the command waits for a
+// write to one of keys, then tries again (waited), until timeout (0: for
+// ever), when it answers a null array, as Redis. Before each wait a read
+// (which wakes no other waiter, where an empty pop would) tells whether
+// one of keys holds a typ (a key of another type does not end the wait,
+// as in Redis). The wait ends early if the client leaves or the server
+// closes. A shard that moves away wakes the waiter too: its next read or
+// pop is refused (MOVED, and the client resends the command where the
+// shard went).
+func (c *conn) block(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType, timeout time.Duration, try func(it *item, deadline time.Time, waited bool) bool) {
+	s := c.s
+	start := time.Now()
+	it := c.startNow(p, slot)
+	if it == nil || try(it, it.deadline, false) {
+		return
+	}
+	p.emit()
+	s.stats.blocked.Add(1)
+	defer s.stats.blocked.Add(-1)
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(max(timeout-time.Since(start), 0))
+		defer t.Stop()
+		expired = t.C
+	}
+	for {
+		changed, stop := s.b.WatchKeys(keys)
+		rs, ok := c.readColls(it, keys, typ)
+		if !ok {
+			stop()
+			return
+		}
+		found := false
+		for _, r := range rs {
+			found = found || (r.Entry.Found && r.Entry.Type == typ)
+		}
+		if !found {
+			select {
+			case <-changed:
+				stop()
+				continue // read again
+			case <-expired:
+				stop()
+				it.out = c.nullArray()
+				return
+			case <-c.q.left():
+				stop()
+				it.out = c.nullArray() // nobody reads it
+				return
+			case <-s.ctx.Done():
+				stop()
+				it.out = errReply("ERR the server is shutting down")
+				return
+			}
+		}
+		stop()
+		if try(it, time.Now().Add(s.cfg.PipelineTimeout), true) {
+			return
+		}
+	}
+}
+
+// mpopArgs are the arguments of LMPOP and ZMPOP, and of their blocking
+// forms.
+type mpopArgs struct {
+	keys     [][]byte
+	side     int64 // 0: LEFT or MIN; 1: RIGHT or MAX
+	count    int64 // 1 without COUNT
+	timeout  time.Duration
+	blocking bool
+}
+
+// parseMPop parses [timeout] numkeys key [key ...] where [COUNT count]
+// (the timeout for BLMPOP and BZMPOP), with Redis's checks in its order;
+// first and second name the two sides (left and right, min and max).
+func parseMPop(args [][]byte, first, second string) (mpopArgs, []byte) {
+	a := mpopArgs{blocking: args[0][0]|0x20 == 'b', count: -1}
+	at := 1 // numkeys
+	if a.blocking {
+		at = 2
+	}
+	n, ok := parseInt(args[at])
+	if !ok || n < 1 {
+		return a, errReply("ERR numkeys should be greater than 0")
+	}
+	whereAt := int64(at) + n + 1
+	if whereAt >= int64(len(args)) {
+		return a, errReply(errSyntax)
+	}
+	switch strings.ToLower(string(args[whereAt])) {
+	case first:
+	case second:
+		a.side = 1
+	default:
+		return a, errReply(errSyntax)
+	}
+	for j := int(whereAt) + 1; j < len(args); j++ {
+		if a.count != -1 || !strings.EqualFold(string(args[j]), "count") || j+1 >= len(args) {
+			return a, errReply(errSyntax)
+		}
+		j++
+		m, ok := parseInt(args[j])
+		if !ok || m < 1 {
+			return a, errReply("ERR count should be greater than 0")
+		}
+		a.count = m
+	}
+	a.count = max(a.count, 1)
+	if a.blocking {
+		var e []byte
+		if a.timeout, e = parseTimeout(args[1]); e != nil {
+			return a, e
+		}
+	}
+	a.keys = args[at+1 : whereAt]
+	return a, nil
+}
+
+// popAny pops from the first of keys that holds a typ (see popFirst):
+// pop makes the op for that key, render the reply. A blocking command
+// waits for one until timeout (see block); any other answers a null array
+// if none holds a typ.
+func (c *conn) popAny(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType, blocking bool, timeout time.Duration,
+	pop func(key []byte) *shardkvpb.WriteOp, render func(key []byte) func([]*shardkvpb.WriteResult) []byte) {
+	if blocking {
+		c.block(p, slot, keys, typ, timeout, func(it *item, deadline time.Time, waited bool) bool {
+			done, _ := c.popFirst(it, deadline, waited, keys, typ, pop, render)
+			return done
+		})
+		return
+	}
+	it := c.startNow(p, slot)
+	if it == nil {
+		return
+	}
+	// A pop that found nothing after the read found a key lost a race
+	// with another client: read again (a few times).
+	for range 3 {
+		done, raced := c.popFirst(it, it.deadline, false, keys, typ, pop, render)
+		if done {
+			return
+		}
+		if !raced {
+			break
+		}
+	}
+	it.out = c.nullArray()
+}
