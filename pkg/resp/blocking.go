@@ -90,12 +90,19 @@ func (c *conn) popFirst(it *item, deadline time.Time, waited bool, keys [][]byte
 // as in Redis). The wait ends early if the client leaves or the server
 // closes. A shard that moves away wakes the waiter too: its next read or
 // pop is refused (MOVED, and the client resends the command where the
-// shard went).
-func (c *conn) block(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType, timeout time.Duration, try func(it *item, deadline time.Time, waited bool) bool) {
+// shard went). Inside a transaction (EXEC) it does not wait: nothing to
+// pop answers inTx.
+func (c *conn) block(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType, timeout time.Duration, inTx []byte, try func(it *item, deadline time.Time, waited bool) bool) {
 	s := c.s
 	start := time.Now()
 	it := c.startNow(p, slot)
 	if it == nil || try(it, it.deadline, false) {
+		return
+	}
+	if c.execing {
+		// Inside a transaction a blocking command does not wait, as in
+		// Redis: nothing to pop answers inTx.
+		it.out = inTx
 		return
 	}
 	p.emit()
@@ -119,23 +126,25 @@ func (c *conn) block(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType
 			found = found || (r.Entry.Found && r.Entry.Type == typ)
 		}
 		if !found {
+			// No transaction waits for this one (lockShared).
+			c.unlockShared()
+			var end []byte
 			select {
 			case <-changed:
-				stop()
-				continue // read again
 			case <-expired:
-				stop()
-				it.out = c.nullArray()
-				return
+				end = c.nullArray()
 			case <-c.q.left():
-				stop()
-				it.out = c.nullArray() // nobody reads it
-				return
+				end = c.nullArray() // nobody reads it
 			case <-s.ctx.Done():
-				stop()
-				it.out = errReply("ERR the server is shutting down")
+				end = errReply("ERR the server is shutting down")
+			}
+			stop()
+			c.lockShared()
+			if end != nil {
+				it.out = end
 				return
 			}
+			continue // read again
 		}
 		stop()
 		if try(it, time.Now().Add(s.cfg.PipelineTimeout), true) {
@@ -207,7 +216,7 @@ func parseMPop(args [][]byte, first, second string) (mpopArgs, []byte) {
 func (c *conn) popAny(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType, blocking bool, timeout time.Duration,
 	pop func(key []byte) *shardkvpb.WriteOp, render func(key []byte) func([]*shardkvpb.WriteResult) []byte) {
 	if blocking {
-		c.block(p, slot, keys, typ, timeout, func(it *item, deadline time.Time, waited bool) bool {
+		c.block(p, slot, keys, typ, timeout, c.nullArray(), func(it *item, deadline time.Time, waited bool) bool {
 			done, _ := c.popFirst(it, deadline, waited, keys, typ, pop, render)
 			return done
 		})

@@ -247,6 +247,7 @@ func commandTable() map[string]*command {
 	list = append(list, listCommands()...)
 	list = append(list, zsetCommands()...)
 	list = append(list, zsetPopCommands()...)
+	list = append(list, transactionCommands()...)
 	m := make(map[string]*command, len(list))
 	for _, c := range list {
 		m[c.name] = c
@@ -296,6 +297,7 @@ func (cmd *command) keys(args [][]byte) [][]byte {
 // the reader is done, QUIT, or the client can take no more replies.
 func (c *conn) execute() {
 	defer c.out.close()
+	defer c.unwatch()
 	for {
 		cmds, end, done := c.q.take()
 		if len(cmds) > 0 {
@@ -319,6 +321,8 @@ func (c *conn) execute() {
 func (c *conn) run(cmds []queued) {
 	p := &pipeline{c: c}
 	defer p.release()
+	c.lockShared()
+	defer c.unlockShared()
 	for _, cmd := range cmds {
 		if c.quit || c.out.broken() {
 			break // QUIT: Redis ignores what follows; a gone client: stop
@@ -348,27 +352,37 @@ func (c *conn) run(cmds []queued) {
 // arity, authentication, cross-slot keys), then runs it.
 func (c *conn) dispatch(p *pipeline, args [][]byte) {
 	name := strings.ToLower(string(args[0]))
+	// A command refused here inside MULTI makes EXEC answer EXECABORT.
+	refuse := func(e []byte) {
+		if c.tx != nil {
+			c.tx.dirty = true
+		}
+		if name == "exec" {
+			e = c.execAbort(e)
+		}
+		p.reply(e)
+	}
 	cmd := c.s.cmds[name]
 	if cmd == nil {
-		p.reply(unknownCommand(args))
+		refuse(unknownCommand(args))
 		return
 	}
 	if len(cmd.subs) > 0 && len(args) >= 2 {
 		sub := cmd.sub(strings.ToLower(string(args[1])))
 		if sub == nil {
-			p.reply(errReply(fmt.Sprintf("ERR unknown subcommand '%s'. Try %s HELP.", trunc(args[1], 128), strings.ToUpper(name))))
+			refuse(errReply(fmt.Sprintf("ERR unknown subcommand '%s'. Try %s HELP.", trunc(args[1], 128), strings.ToUpper(name))))
 			return
 		}
 		cmd = sub
 	}
 	if !cmd.arityOK(len(args)) || cmd.run == nil {
 		cmd.stats.rejected.Add(1)
-		p.reply(wrongArgs(cmd.name))
+		refuse(wrongArgs(cmd.name))
 		return
 	}
 	if !c.authed.Load() && !cmd.noAuth() {
 		cmd.stats.rejected.Add(1)
-		p.reply(errReply("NOAUTH Authentication required."))
+		refuse(errReply("NOAUTH Authentication required."))
 		return
 	}
 	slot := -1
@@ -377,10 +391,14 @@ func (c *conn) dispatch(p *pipeline, args [][]byte) {
 		for _, k := range keys[1:] {
 			if routing.Slot(k) != slot {
 				cmd.stats.rejected.Add(1)
-				p.reply(errReply("CROSSSLOT Keys in request don't hash to the same slot"))
+				refuse(errReply("CROSSSLOT Keys in request don't hash to the same slot"))
 				return
 			}
 		}
+	}
+	if c.tx != nil && !txControl(name) {
+		c.queue(p, args, slot)
+		return
 	}
 	if slot >= 0 && c.burst.refuses(p.deadline) {
 		cmd.stats.rejected.Add(1)

@@ -597,7 +597,7 @@ func cmdBLMove(c *conn, p *pipeline, args [][]byte, slot int) {
 		return
 	}
 	op := lmoveOp(args[1], args[2], from, to)
-	c.block(p, slot, args[1:2], shardkv.TypeList, timeout, func(it *item, deadline time.Time, _ bool) bool {
+	c.block(p, slot, args[1:2], shardkv.TypeList, timeout, c.null(), func(it *item, deadline time.Time, _ bool) bool {
 		return c.popNow(it, deadline, op, c.movedReply)
 	})
 }

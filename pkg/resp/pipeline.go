@@ -89,7 +89,10 @@ type item struct {
 // call barrier first. Replies that need no backend (PING, errors) do not
 // break a batch.
 type pipeline struct {
-	c        *conn
+	c *conn
+	// hold: the replies stay in items (EXEC's pipeline, whose replies go
+	// out as one array).
+	hold     bool
 	items    []*item // not yet in the outbox, in order
 	last     *item   // the last item added
 	deadline time.Time
@@ -405,6 +408,15 @@ func (p *pipeline) barrier() {
 // so that each piece waits for room: one put of a whole round's replies
 // would hold them all at once, whatever the client had read.
 func (p *pipeline) emit() {
+	if p.hold {
+		return
+	}
+	// A full client output makes put wait: not with the transaction
+	// lock held (see lockShared).
+	if p.c.shared {
+		p.c.unlockShared()
+		defer p.c.lockShared()
+	}
 	for len(p.items) > 0 && p.items[0].out != nil {
 		n, size := 0, 0
 		var charge int64

@@ -230,6 +230,9 @@ type Server struct {
 	cmds      map[string]*command
 	budget    *memBudget // input
 	outBudget *memBudget // output
+	// tx is the transaction lock: EXEC holds it exclusively, every
+	// other connection shared while it runs commands (multi.go).
+	tx sync.RWMutex
 
 	// ctx is cancelled by Close, which cancels in-flight backend calls.
 	ctx    context.Context
@@ -495,6 +498,13 @@ type conn struct {
 	quit    bool        // QUIT: close after the replies are flushed
 	burst   burst
 	sizes   map[string]int // value sizes last seen (pipeline.written)
+	// Transactions (multi.go): the open MULTI, the WATCHes, whether EXEC
+	// is running the transaction's commands, and whether this connection
+	// holds the server's transaction lock shared (see txShared).
+	tx      *transaction
+	watches []watch
+	execing bool
+	shared  bool
 
 	mu       sync.Mutex
 	readonly bool // READONLY: reads may be served by this replica as a follower
