@@ -3,7 +3,10 @@ package resp
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/shardkv"
@@ -82,16 +85,14 @@ func (c *conn) popFirst(it *item, deadline time.Time, waited bool, keys [][]byte
 
 // block serves a blocking command on keys: try pops at once (see
 // popFirst; it reports whether it answered); when there was nothing to
-// pop, the replies before this one go out and the command waits for a
-// write to one of keys, then tries again (waited), until timeout (0: for
-// ever), when it answers a null array, as Redis. Before each wait a read
-// (which wakes no other waiter, where an empty pop would) tells whether
-// one of keys holds a typ (a key of another type does not end the wait,
-// as in Redis). The wait ends early if the client leaves or the server
-// closes. A shard that moves away wakes the waiter too: its next read or
-// pop is refused (MOVED, and the client resends the command where the
-// shard went). Inside a transaction (EXEC) it does not wait: nothing to
-// pop answers inTx.
+// pop, the replies before this one go out and the command waits in the
+// server's queue of blocked clients (see serveBlocked) until it is served,
+// or its timeout (0: for ever) ends it with a null array, as in Redis.
+// The wait ends early if the client leaves or the server closes. A shard
+// that moves away wakes the waiter too: its next read or pop is refused
+// (MOVED, and the client resends the command where the shard went).
+// Inside a transaction (EXEC) it does not wait: nothing to pop answers
+// inTx.
 func (c *conn) block(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType, timeout time.Duration, inTx []byte, try func(it *item, deadline time.Time, waited bool) bool) {
 	s := c.s
 	start := time.Now()
@@ -114,43 +115,153 @@ func (c *conn) block(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType
 		defer t.Stop()
 		expired = t.C
 	}
+	w := &blocker{c: c, it: it, keys: keys, typ: typ, try: try, done: make(chan struct{})}
+	changed, stop := s.b.WatchKeys(keys)
+	s.blocked.add(w)
+	// A write may have come between the pop and the watch: serve once.
+	seen := s.blocked.passes.Load()
+	s.serveBlocked(seen)
 	for {
-		changed, stop := s.b.WatchKeys(keys)
-		rs, ok := c.readColls(it, keys, typ)
-		if !ok {
-			stop()
-			return
-		}
-		found := false
-		for _, r := range rs {
-			found = found || (r.Entry.Found && r.Entry.Type == typ)
-		}
-		if !found {
-			// No transaction waits for this one (lockShared).
-			c.unlockShared()
-			var end []byte
-			select {
-			case <-changed:
-			case <-expired:
-				end = c.nullArray()
-			case <-c.q.left():
-				end = c.nullArray() // nobody reads it
-			case <-s.ctx.Done():
-				end = errReply("ERR the server is shutting down")
-			}
-			stop()
-			c.lockShared()
-			if end != nil {
-				it.out = end
-				return
-			}
-			continue // read again
+		// No transaction waits for this one (lockShared).
+		c.unlockShared()
+		var end []byte
+		select {
+		case <-w.done:
+		case <-changed:
+		case <-expired:
+			end = c.nullArray()
+		case <-c.q.left():
+			end = c.nullArray() // nobody reads it
+		case <-s.ctx.Done():
+			end = errReply("ERR the server is shutting down")
 		}
 		stop()
-		if try(it, time.Now().Add(s.cfg.PipelineTimeout), true) {
+		c.lockShared()
+		if end != nil {
+			if !s.blocked.remove(w) {
+				return // served meanwhile: its reply stands
+			}
+			it.out = end
+			return
+		}
+		if s.blocked.served(w) {
+			return
+		}
+		// Woken by a write: watch again first, so that no later write
+		// is missed, then serve the queue unless a pass began since.
+		changed, stop = s.b.WatchKeys(keys)
+		seen = s.blocked.passes.Load()
+		s.serveBlocked(seen)
+		if s.blocked.served(w) {
+			stop()
 			return
 		}
 	}
+}
+
+// blocker is a client waiting in a blocking command.
+type blocker struct {
+	c    *conn
+	it   *item
+	keys [][]byte
+	typ  shardkv.ValueType
+	try  func(it *item, deadline time.Time, waited bool) bool
+	done chan struct{} // closed once served (it.out set)
+	// served is set under blockQueue.mu.
+	served bool
+}
+
+// blockQueue is the server's blocked clients, in the order they blocked:
+// Redis serves the clients blocked on a key first come, first served, so
+// a write wakes them all but one pass (serveBlocked) serves them in this
+// order.
+type blockQueue struct {
+	mu     sync.Mutex
+	list   []*blocker
+	passes atomic.Int64 // passes begun
+}
+
+func (q *blockQueue) add(w *blocker) {
+	q.mu.Lock()
+	q.list = append(q.list, w)
+	q.mu.Unlock()
+}
+
+// remove takes w out of the queue unless it was served: false if it was.
+func (q *blockQueue) remove(w *blocker) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if w.served {
+		return false
+	}
+	q.list = slices.DeleteFunc(q.list, func(o *blocker) bool { return o == w })
+	return true
+}
+
+func (q *blockQueue) served(w *blocker) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return w.served
+}
+
+// serveBlocked serves the blocked clients, in the order they blocked,
+// after a write to some of their keys (or a change of a shard's state):
+// each, in turn, whose keys hold a collection of its type pops (its try,
+// run here for it), and is answered. Reads are shared within a pass: a
+// key read empty is not read again for a later client until a pop. seen is the number of passes begun when the caller was
+// woken: if another has begun since, it covers the caller's wake and
+// this one is skipped (so a write that wakes a thousand waiters makes
+// one pass, not a thousand).
+func (s *Server) serveBlocked(seen int64) {
+	q := &s.blocked
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.passes.Load() != seen {
+		return
+	}
+	q.passes.Add(1)
+	empty := map[string]bool{} // keys known to hold nothing of use
+	keep := q.list[:0]
+	for _, w := range q.list {
+		if w.served {
+			continue
+		}
+		skip := true
+		for _, k := range w.keys {
+			skip = skip && empty[string(k)]
+		}
+		if !skip && w.c.serveOne(w, empty) {
+			w.served = true
+			close(w.done)
+			clear(empty) // its pop may have filled another key (BLMOVE)
+			continue
+		}
+		keep = append(keep, w)
+	}
+	clear(q.list[len(keep):])
+	q.list = keep
+}
+
+// serveOne tries w's pop if one of its keys holds its type: whether w
+// was answered (popped, or its read or pop failed). Keys it reads empty
+// go into empty.
+func (c *conn) serveOne(w *blocker, empty map[string]bool) bool {
+	rs, ok := c.readColls(w.it, w.keys, w.typ)
+	if !ok {
+		return true // it.out is the failure
+	}
+	found := false
+	for i, r := range rs {
+		if r.Entry.Found && r.Entry.Type == w.typ {
+			found = true
+		} else {
+			empty[string(w.keys[i])] = true
+		}
+	}
+	if !found {
+		return false
+	}
+	return w.try(w.it, time.Now().Add(c.s.cfg.PipelineTimeout), true)
 }
 
 // mpopArgs are the arguments of LMPOP and ZMPOP, and of their blocking

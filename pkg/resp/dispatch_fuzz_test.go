@@ -31,7 +31,8 @@ var (
 		"sadd", "srem", "smembers", "sismember", "smismember", "scard", "spop", "srandmember", "smove", "sinter", "sunion", "sdiff",
 		"sinterstore", "sunionstore", "sdiffstore", "sintercard", "sscan", "lpush", "rpush", "lpushx", "rpushx", "lpop", "rpop",
 		"lrange", "llen", "lindex", "lset", "linsert", "lrem", "ltrim", "lpos", "lmove", "rpoplpush", "lmpop", "blpop", "brpop",
-		"blmove", "brpoplpush", "blmpop", "zmpop", "bzmpop", "bzpopmin", "bzpopmax", "lcs"}
+		"blmove", "brpoplpush", "blmpop", "zmpop", "bzmpop", "bzpopmin", "bzpopmax", "lcs",
+		"multi", "exec", "discard", "watch", "unwatch"}
 	fuzzWords = []string{"k", "{t}a", "{t}b", "n", "", "id", "setname", "getname", "setinfo", "lib-name", "info", "list", "help",
 		"count", "docs", "getkeys", "myid", "keyslot", "slots", "shards", "nodes", "countkeysinslot", "getkeysinslot", "ex", "px",
 		"exat", "pxat", "nx", "xx", "gt", "lt", "get", "keepttl", "match", "*", "type", "string", "auth", "setname", "default", "persist", "replace", "db", "{t}*", "flush", "async", "sync", "bit", "byte", "encoding", "refcount", "freq", "idletime", "absttl",

@@ -34,7 +34,7 @@ import (
 
 // transaction is a connection's MULTI state.
 type transaction struct {
-	cmds  [][][]byte
+	cmds      [][][]byte
 	slot      int  // the slot of its first keyed command (-1: none yet)
 	crossSlot bool // commands of several slots: EXEC answers CROSSSLOT
 	dirty     bool // a command was refused when queued: EXECABORT

@@ -42,6 +42,7 @@ func TestRESP(t *testing.T) {
 	e.run(t, "Hashes", e.testHashes)
 	e.run(t, "Sets", e.testSets)
 	e.run(t, "Lists", e.testLists)
+	e.run(t, "BlockingOrder", e.testBlockingOrder)
 	e.run(t, "SortedSets", e.testZSets)
 	e.run(t, "Close", e.testClose)
 	e.run(t, "LeaderIsolated", e.testLeaderIsolated) // last: it disturbs gA

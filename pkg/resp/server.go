@@ -233,6 +233,8 @@ type Server struct {
 	// tx is the transaction lock: EXEC holds it exclusively, every
 	// other connection shared while it runs commands (multi.go).
 	tx sync.RWMutex
+	// blocked: the clients waiting in blocking commands (blocking.go).
+	blocked blockQueue
 
 	// ctx is cancelled by Close, which cancels in-flight backend calls.
 	ctx    context.Context

@@ -1,0 +1,53 @@
+package resp_test
+
+import (
+	"testing"
+	"time"
+)
+
+// testBlockingOrder: clients blocked on a key are served first come,
+// first served, as in Redis: one element pushed goes to the client that
+// blocked first, whatever the order their wakes run in; a client whose
+// pop fails (BRPOPLPUSH to a string) does not keep the element from the
+// next.
+func (e *env) testBlockingOrder(t *testing.T) {
+	key, dst, str := "{bo}l", "{bo}dst", "{bo}str"
+	addr := e.leaderAddr(e.owner(key))
+	c := dial(t, addr)
+	defer c.c.Close()
+	for round := range 10 {
+		c.do("del", key, dst, str)
+		var waiters []*rconn
+		for range 3 {
+			w := dial(t, addr)
+			defer w.c.Close()
+			w.write(encode("blpop", key, "0"))
+			time.Sleep(50 * time.Millisecond) // they block in this order
+			waiters = append(waiters, w)
+		}
+		for i, w := range waiters {
+			expect(t, c.do("rpush", key, string(rune('a'+i))), int64(1))
+			r, err := w.tryRead()
+			if err != nil || len(r.([]any)) != 2 || r.([]any)[1] != string(rune('a'+i)) {
+				t.Fatalf("round %d: blocked client %d: %#v %v, want element %c", round, i, r, err, 'a'+i)
+			}
+		}
+	}
+
+	// BRPOPLPUSH to a string fails for the first client; the second gets
+	// the element.
+	c.do("set", str, "x")
+	first, second := dial(t, addr), dial(t, addr)
+	defer first.c.Close()
+	defer second.c.Close()
+	first.write(encode("brpoplpush", key, str, "0"))
+	time.Sleep(50 * time.Millisecond)
+	second.write(encode("brpoplpush", key, dst, "0"))
+	time.Sleep(50 * time.Millisecond)
+	expect(t, c.do("lpush", key, "foo"), int64(1))
+	if r, ok := first.read().(rerr); !ok || string(r)[:9] != "WRONGTYPE" {
+		t.Errorf("BRPOPLPUSH to a string: %#v", r)
+	}
+	expect(t, second.read(), "foo")
+	expect(t, c.do("lrange", dst, "0", "-1"), []any{"foo"})
+}
