@@ -1,6 +1,7 @@
 package resp
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -83,13 +84,15 @@ func (c *conn) popFirst(it *item, deadline time.Time, waited bool, keys [][]byte
 	return false, false
 }
 
-// block serves a blocking command on keys: try pops at once (see
-// popFirst; it reports whether it answered); when there was nothing to
-// pop, the replies before this one go out and the command waits in the
-// server's queue of blocked clients (see serveBlocked) until it is served,
-// or its timeout (0: for ever) ends it with a null array, as in Redis.
-// The wait ends early if the client leaves or the server closes. A shard
-// that moves away wakes the waiter too: its next read or pop is refused
+// block serves a blocking command on keys. It joins the server's queue
+// of blocked clients (see serveBlocked) at once, in the order commands
+// arrive: if no client before it waits on one of its keys, it tries its
+// pop at once (see popFirst; try reports whether it answered), else its
+// first try comes in its turn. When there was nothing to pop, the replies
+// before this one go out and the command waits until it is served, or its
+// timeout (0: for ever) ends it with a null array, as in Redis. The wait
+// ends early if the client leaves or the server closes. A shard that
+// moves away wakes the waiter too: its next read or pop is refused
 // (MOVED, and the client resends the command where the shard went).
 // Inside a transaction (EXEC) it does not wait: nothing to pop answers
 // inTx.
@@ -97,14 +100,27 @@ func (c *conn) block(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType
 	s := c.s
 	start := time.Now()
 	it := c.startNow(p, slot)
-	if it == nil || try(it, it.deadline, false) {
+	if it == nil {
 		return
 	}
 	if c.execing {
 		// Inside a transaction a blocking command does not wait, as in
 		// Redis: nothing to pop answers inTx.
-		it.out = inTx
+		if !try(it, it.deadline, false) {
+			it.out = inTx
+		}
 		return
+	}
+	w := &blocker{c: c, it: it, keys: keys, typ: typ, try: try, done: make(chan struct{})}
+	if s.blocked.add(w) {
+		// First in line for its keys: its own try, which no pass makes
+		// meanwhile (nor for a client behind it).
+		done := try(it, it.deadline, false)
+		s.blocked.tried(w, done)
+		if done {
+			s.serveBlocked(s.blocked.passes.Load()) // those behind it
+			return
+		}
 	}
 	p.emit()
 	s.stats.blocked.Add(1)
@@ -115,13 +131,14 @@ func (c *conn) block(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType
 		defer t.Stop()
 		expired = t.C
 	}
-	w := &blocker{c: c, it: it, keys: keys, typ: typ, try: try, done: make(chan struct{})}
 	changed, stop := s.b.WatchKeys(keys)
-	s.blocked.add(w)
-	// A write may have come between the pop and the watch: serve once.
-	seen := s.blocked.passes.Load()
-	s.serveBlocked(seen)
+	// A write may have come before the watch: serve once.
+	s.serveBlocked(s.blocked.passes.Load())
 	for {
+		if s.blocked.served(w) {
+			stop()
+			return
+		}
 		// No transaction waits for this one (lockShared).
 		c.unlockShared()
 		var end []byte
@@ -138,28 +155,19 @@ func (c *conn) block(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType
 		stop()
 		c.lockShared()
 		if end != nil {
-			if !s.blocked.remove(w) {
-				return // served meanwhile: its reply stands
-			}
-			it.out = end
-			return
-		}
-		if s.blocked.served(w) {
+			if s.blocked.remove(w) {
+				it.out = end
+			} // else served meanwhile: its reply stands
 			return
 		}
 		// Woken by a write: watch again first, so that no later write
 		// is missed, then serve the queue unless a pass began since.
 		changed, stop = s.b.WatchKeys(keys)
-		seen = s.blocked.passes.Load()
-		s.serveBlocked(seen)
-		if s.blocked.served(w) {
-			stop()
-			return
-		}
+		s.serveBlocked(s.blocked.passes.Load())
 	}
 }
 
-// blocker is a client waiting in a blocking command.
+// blocker is a client in a blocking command.
 type blocker struct {
 	c    *conn
 	it   *item
@@ -167,24 +175,59 @@ type blocker struct {
 	typ  shardkv.ValueType
 	try  func(it *item, deadline time.Time, waited bool) bool
 	done chan struct{} // closed once served (it.out set)
-	// served is set under blockQueue.mu.
-	served bool
+	// Under blockQueue.mu: own, its own first try is running (no pass
+	// serves it, nor a client behind it on one of its keys); tried, it
+	// has had a try (a key of another type then no longer answers
+	// WRONGTYPE, as in Redis); served, it is answered.
+	own, tried, served bool
 }
 
-// blockQueue is the server's blocked clients, in the order they blocked:
-// Redis serves the clients blocked on a key first come, first served, so
-// a write wakes them all but one pass (serveBlocked) serves them in this
-// order.
+// blockQueue is the server's blocked clients, in the order their commands
+// came: Redis serves the clients blocked on a key first come, first
+// served, so a write wakes them all but one pass (serveBlocked) serves
+// them in this order.
 type blockQueue struct {
 	mu     sync.Mutex
 	list   []*blocker
 	passes atomic.Int64 // passes begun
 }
 
-func (q *blockQueue) add(w *blocker) {
+// add queues w in the order commands were read (their deadlines count
+// from then), and reports whether it is alone on its keys (no client
+// queued shares one): it then makes its own first try (own), which it
+// reports with tried. Commands read within sameRead of each other go in
+// the order their connections were accepted, as Redis's one event loop
+// would mostly serve them: with two cores shared by the replicas, the
+// goroutine of the connection whose bytes came first may run hundreds of
+// microseconds after the other's. The order of commands that different
+// connections send at nearly the same time is still not Redis's
+// (docs/redis.md).
+func (q *blockQueue) add(w *blocker) bool {
 	q.mu.Lock()
-	q.list = append(q.list, w)
-	q.mu.Unlock()
+	defer q.mu.Unlock()
+	at := len(q.list)
+	for at > 0 && readAfter(q.list[at-1], w) {
+		at--
+	}
+	first := true
+	for _, o := range q.list {
+		first = first && !sharesKey(o, w)
+	}
+	w.own = first
+	q.list = slices.Insert(q.list, at, w)
+	return first
+}
+
+// tried ends w's own try: served if done.
+func (q *blockQueue) tried(w *blocker, done bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	w.own, w.tried = false, true
+	if done {
+		w.served = true
+		close(w.done)
+		q.list = slices.DeleteFunc(q.list, func(o *blocker) bool { return o == w })
+	}
 }
 
 // remove takes w out of the queue unless it was served: false if it was.
@@ -204,14 +247,40 @@ func (q *blockQueue) served(w *blocker) bool {
 	return w.served
 }
 
-// serveBlocked serves the blocked clients, in the order they blocked,
-// after a write to some of their keys (or a change of a shard's state):
-// each, in turn, whose keys hold a collection of its type pops (its try,
-// run here for it), and is answered. Reads are shared within a pass: a
-// key read empty is not read again for a later client until a pop. seen is the number of passes begun when the caller was
-// woken: if another has begun since, it covers the caller's wake and
-// this one is skipped (so a write that wakes a thousand waiters makes
-// one pass, not a thousand).
+// sameRead: commands read closer together than this are ordered by
+// connection (see add).
+const sameRead = time.Millisecond
+
+// readAfter reports whether a goes after b in the queue (see add).
+func readAfter(a, b *blocker) bool {
+	d := a.it.deadline.Sub(b.it.deadline)
+	if d > sameRead || d < -sameRead {
+		return d > 0
+	}
+	return a.c.id > b.c.id
+}
+
+func sharesKey(a, b *blocker) bool {
+	for _, k := range a.keys {
+		for _, l := range b.keys {
+			if bytes.Equal(k, l) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// serveBlocked serves the blocked clients, in the order they came, after
+// a write to some of their keys (or a change of a shard's state): each,
+// in turn, whose keys hold a collection of its type pops (its try, run
+// here for it), and is answered. A client making its own first try holds
+// its keys: no one behind it on them is served in this pass (its try
+// ends with a pass). Reads are shared within a pass: a key read empty is
+// not read again for a later client until a pop. seen is the number of
+// passes begun when the caller was woken: if another has begun since, it
+// covers the caller's wake and this one is skipped (so a write that wakes
+// a thousand waiters makes one pass, not a thousand).
 func (s *Server) serveBlocked(seen int64) {
 	q := &s.blocked
 	q.mu.Lock()
@@ -221,14 +290,24 @@ func (s *Server) serveBlocked(seen int64) {
 	}
 	q.passes.Add(1)
 	empty := map[string]bool{} // keys known to hold nothing of use
+	held := map[string]bool{}  // keys of clients making their own try
 	keep := q.list[:0]
 	for _, w := range q.list {
-		if w.served {
-			continue
-		}
-		skip := true
+		skip := w.own
 		for _, k := range w.keys {
-			skip = skip && empty[string(k)]
+			skip = skip || held[string(k)]
+		}
+		if w.own {
+			for _, k := range w.keys {
+				held[string(k)] = true
+			}
+		}
+		if !skip {
+			all := true
+			for _, k := range w.keys {
+				all = all && empty[string(k)]
+			}
+			skip = all
 		}
 		if !skip && w.c.serveOne(w, empty) {
 			w.served = true
@@ -242,9 +321,10 @@ func (s *Server) serveBlocked(seen int64) {
 	q.list = keep
 }
 
-// serveOne tries w's pop if one of its keys holds its type: whether w
-// was answered (popped, or its read or pop failed). Keys it reads empty
-// go into empty.
+// serveOne tries w's pop if one of its keys holds its type (or, before
+// its first try, anything: a key of another type answers WRONGTYPE):
+// whether w was answered (popped, or its read or pop failed). Keys it
+// reads empty go into empty.
 func (c *conn) serveOne(w *blocker, empty map[string]bool) bool {
 	rs, ok := c.readColls(w.it, w.keys, w.typ)
 	if !ok {
@@ -252,7 +332,7 @@ func (c *conn) serveOne(w *blocker, empty map[string]bool) bool {
 	}
 	found := false
 	for i, r := range rs {
-		if r.Entry.Found && r.Entry.Type == w.typ {
+		if r.Entry.Found && (r.Entry.Type == w.typ || !w.tried) {
 			found = true
 		} else {
 			empty[string(w.keys[i])] = true
@@ -261,7 +341,9 @@ func (c *conn) serveOne(w *blocker, empty map[string]bool) bool {
 	if !found {
 		return false
 	}
-	return w.try(w.it, time.Now().Add(c.s.cfg.PipelineTimeout), true)
+	waited := w.tried
+	w.tried = true
+	return w.try(w.it, time.Now().Add(c.s.cfg.PipelineTimeout), waited)
 }
 
 // mpopArgs are the arguments of LMPOP and ZMPOP, and of their blocking

@@ -3,8 +3,8 @@ package resp
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc64"
-	"strconv"
 	"strings"
 
 	"github.com/shardkv/shardkv/pkg/shardkv"
@@ -14,9 +14,11 @@ import (
 
 // DUMP and RESTORE in Redis's serialization (an RDB object, the RDB
 // version, a CRC-64), so that tools that move keys between Redis servers
-// with them (redis-shake, RIOT, MIGRATE-like scripts) can move string
-// keys into and out of shardkv. Only strings exist here: RESTORE of
-// another type answers an error saying so.
+// with them (redis-shake, RIOT, MIGRATE-like scripts) can move keys into
+// and out of shardkv. DUMP writes the plain encodings (a string, and
+// RDB_TYPE_HASH, SET, LIST, ZSET_2); RESTORE reads every encoding Redis
+// 7.0 writes or loads of strings, hashes, sets, lists and sorted sets
+// (restore.go).
 
 const (
 	rdbVersion    = 10 // Redis 7.0's
@@ -74,69 +76,17 @@ var (
 	errBadFormat = errors.New("Bad data format")
 )
 
-// restoreString decodes a DUMP payload of a string (at most limit bytes).
+// restoreString decodes a DUMP payload of a string (at most limit bytes);
+// a payload of another type is refused (restore.go decodes them all).
 func restoreString(p []byte, limit int) ([]byte, error) {
-	if len(p) < 10 {
-		return nil, errDumpFooter
+	v, err := parseRestorePayload(p, restoreLimits{value: limit, elems: 1, total: limit})
+	if err != nil {
+		return nil, err
 	}
-	body, footer := p[:len(p)-8], p[len(p)-10:]
-	if binary.LittleEndian.Uint16(footer) > rdbVersion || binary.LittleEndian.Uint64(footer[2:]) != crc64Jones(body) {
-		return nil, errDumpFooter
+	if v.typ != shardkv.TypeString {
+		return nil, errors.New("not a string payload")
 	}
-	body = body[:len(body)-2]
-	if len(body) == 0 {
-		return nil, errBadFormat
-	}
-	if body[0] != rdbTypeString {
-		return nil, errors.New("shardkv restores only string values (RDB type " + strconv.Itoa(int(body[0])) + ")")
-	}
-	r := rdbReader{b: body[1:]}
-	n, enc, ok := r.length()
-	if !ok {
-		return nil, errBadFormat
-	}
-	if !enc {
-		if n > uint64(limit) {
-			return nil, errValueLimit
-		}
-		v, ok := r.bytes(n)
-		if !ok {
-			return nil, errBadFormat
-		}
-		return v, nil
-	}
-	switch n {
-	case 0, 1, 2: // an integer of 1, 2 or 4 bytes, little-endian
-		raw, ok := r.bytes(1 << n)
-		if !ok {
-			return nil, errBadFormat
-		}
-		var i int64
-		switch n {
-		case 0:
-			i = int64(int8(raw[0]))
-		case 1:
-			i = int64(int16(binary.LittleEndian.Uint16(raw)))
-		default:
-			i = int64(int32(binary.LittleEndian.Uint32(raw)))
-		}
-		return strconv.AppendInt(nil, i, 10), nil
-	case 3: // LZF: compressed length, original length, data
-		clen, e1, ok1 := r.length()
-		olen, e2, ok2 := r.length()
-		if !ok1 || !ok2 || e1 || e2 {
-			return nil, errBadFormat
-		}
-		if olen > uint64(limit) {
-			return nil, errValueLimit
-		}
-		in, ok := r.bytes(clen)
-		if !ok {
-			return nil, errBadFormat
-		}
-		return lzfDecompress(in, int(olen))
-	}
-	return nil, errBadFormat
+	return v.value, nil
 }
 
 var errValueLimit = errors.New(strings.TrimPrefix(opErrorText(shardkvpb.OpErrValueTooLarge), "ERR "))
@@ -267,6 +217,11 @@ func cmdDump(c *conn, p *pipeline, args [][]byte, slot int) {
 // the past restores nothing). IDLETIME and FREQ are checked and ignored
 // (access is not tracked). Without REPLACE an existing key answers
 // BUSYKEY, before the other checks, as in Redis.
+//
+// A string is one PUT (IF_ABSENT without REPLACE). A collection is one
+// log entry of ops (restoreOps): the key's delete, its elements, its
+// expiry; it must fit the group's limits and one entry's write budget
+// (restoreSizeError), else nothing is proposed.
 func cmdRestore(c *conn, p *pipeline, args [][]byte, slot int) {
 	var replace, absTTL, idle, freq bool
 	for j := 4; j < len(args); j++ {
@@ -298,7 +253,7 @@ func cmdRestore(c *conn, p *pipeline, args [][]byte, slot int) {
 	}
 	var refusal []byte
 	ttl, ok := parseInt(args[2])
-	var val []byte
+	var v *restoredValue
 	switch {
 	case !ok:
 		refusal = errReply(errNotInteger)
@@ -306,12 +261,17 @@ func cmdRestore(c *conn, p *pipeline, args [][]byte, slot int) {
 		refusal = errReply("ERR Invalid TTL value, must be >= 0")
 	default:
 		var err error
-		if val, err = restoreString(args[3], c.s.cfg.MaxValueBytes); err != nil {
+		if v, err = parseRestorePayload(args[3], c.restoreLimits()); err != nil {
 			refusal = errReply("ERR " + err.Error())
 		}
 	}
 	if refusal == nil {
 		refusal = c.sizeError(args[1])
+	}
+	var ops []*shardkvpb.WriteOp
+	if refusal == nil && v.typ != shardkv.TypeString {
+		ops = restoreOps(args[1], v, ttl, absTTL)
+		refusal = c.restoreSizeError(ops)
 	}
 	if refusal != nil {
 		if replace {
@@ -326,7 +286,15 @@ func cmdRestore(c *conn, p *pipeline, args [][]byte, slot int) {
 		})
 		return
 	}
-	op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: args[1], Value: val}
+	switch {
+	case ops != nil && replace:
+		writeOps(p, slot, ops, func([]*shardkvpb.WriteResult) []byte { return okReply() })
+		return
+	case ops != nil:
+		c.restoreIfAbsent(p, slot, ops)
+		return
+	}
+	op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: args[1], Value: v.value}
 	switch {
 	case ttl > 0 && absTTL:
 		op.ExpireAtMs = ttl
@@ -342,4 +310,51 @@ func cmdRestore(c *conn, p *pipeline, args [][]byte, slot int) {
 		}
 		return okReply()
 	})
+}
+
+// maxRestoreElems bounds the elements a payload may hold: each is at
+// least two records of one entry's write budget, besides the key's five.
+const maxRestoreElems = (shardkv.EntryMaxRecords - 5) / 2
+
+// restoreLimits are what a RESTORE payload may decode to here: each
+// string within the value limit, no more elements than one entry could
+// write, and no more bytes made by decompression than one command may
+// carry.
+func (c *conn) restoreLimits() restoreLimits {
+	return restoreLimits{value: c.s.cfg.MaxValueBytes, elems: maxRestoreElems, total: c.s.cfg.MaxRequestBytes}
+}
+
+// restoreIfAbsent writes a restored collection (ops, see restoreOps) if
+// its key does not exist: BUSYKEY if it does. The engine has no op that
+// writes a collection only where no key is, so the key is read first (on
+// the leader, after what the pipeline has pending) and the ops proposed
+// after: a key another client writes between the two is a known race
+// (docs/redis.md): the ops begin with the key's delete, so the restored
+// value replaces it, as with REPLACE, rather than merging with it.
+func (c *conn) restoreIfAbsent(p *pipeline, slot int, ops []*shardkvpb.WriteOp) {
+	it := c.startNow(p, slot)
+	if it == nil {
+		return
+	}
+	s := c.s
+	b := &replyBound{s: s}
+	ctx, cancel := s.roundContext(s.cfg.ReadTimeout, it)
+	vals, err := s.b.ReadKeys(ctx, [][]byte{ops[0].Key}, false, b.reserve)
+	if err == nil && len(vals) != 1 {
+		err = fmt.Errorf("backend returned %d values for 1 key", len(vals))
+	}
+	if err != nil {
+		c.readNowFailed(ctx, it, err, b)
+		cancel()
+		return
+	}
+	cancel()
+	b.release()
+	if vals[0].Found {
+		it.out = errReply("BUSYKEY Target key name already exists.")
+		return
+	}
+	w := &item{slot: slot, ops: ops, deadline: it.deadline, seq: it.seq, onWrite: func([]*shardkvpb.WriteResult) []byte { return okReply() }}
+	s.runWrites([]*item{w})
+	it.out = w.out
 }

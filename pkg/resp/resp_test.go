@@ -38,6 +38,7 @@ func TestRESP(t *testing.T) {
 	e.run(t, "Limits", e.testLimits)
 	e.run(t, "LCS", e.testLCS)
 	e.run(t, "Transactions", e.testTransactions)
+	e.run(t, "RestoreCollections", e.testRestoreCollections)
 	e.run(t, "Outcomes", e.testOutcomes)
 	e.run(t, "Hashes", e.testHashes)
 	e.run(t, "Sets", e.testSets)
