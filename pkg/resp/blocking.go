@@ -346,6 +346,23 @@ func (c *conn) serveOne(w *blocker, empty map[string]bool) bool {
 	return w.try(w.it, time.Now().Add(c.s.cfg.PipelineTimeout), waited)
 }
 
+// blockingArgs parses BLPOP's and BZPOPMIN's key [key ...] timeout: the
+// timeout first, then each key against keyError (the type's key limits),
+// as Redis checks them.
+func blockingArgs(args [][]byte, keyError func(key []byte) []byte) ([][]byte, time.Duration, []byte) {
+	timeout, e := parseTimeout(args[len(args)-1])
+	if e != nil {
+		return nil, 0, e
+	}
+	keys := args[1 : len(args)-1]
+	for _, k := range keys {
+		if e := keyError(k); e != nil {
+			return nil, 0, e
+		}
+	}
+	return keys, timeout, nil
+}
+
 // mpopArgs are the arguments of LMPOP and ZMPOP, and of their blocking
 // forms.
 type mpopArgs struct {

@@ -552,17 +552,10 @@ func dumpList(elems []shardkv.Elem) []byte {
 // cmdBPop serves BLPOP and BRPOP key [key ...] timeout: [key, element]
 // from the first key that holds a list, waiting for one (see block).
 func cmdBPop(c *conn, p *pipeline, args [][]byte, slot int) {
-	timeout, e := parseTimeout(args[len(args)-1])
+	keys, timeout, e := blockingArgs(args, c.listKeyError)
 	if e != nil {
 		p.reply(e)
 		return
-	}
-	keys := args[1 : len(args)-1]
-	for _, k := range keys {
-		if e := c.listKeyError(k); e != nil {
-			p.reply(e)
-			return
-		}
 	}
 	tail := args[0][1]|0x20 == 'r'
 	pop := func(key []byte) *shardkvpb.WriteOp { return popOp(key, tail, 1) }

@@ -81,24 +81,27 @@ func (e *env) testTransactions(t *testing.T) {
 	defer blocked.c.Close()
 	blocked.write(encode("blpop", b, "0"))
 	time.Sleep(300 * time.Millisecond)
+	// exec sends MULTI, cmd, EXEC on a connection of its own: EXEC's
+	// reply (or the error reading it) comes on done.
 	done := make(chan any, 1)
-	go func() {
+	exec := func(cmd ...string) {
 		o := dial(t, addr)
-		defer o.c.Close()
-		o.write(encode("multi"))
-		o.write(encode("rpush", b, "v"))
-		o.write(encode("exec"))
-		var last any
-		for range 3 {
-			r, err := o.tryRead()
-			if err != nil {
-				done <- err
-				return
+		go func() {
+			defer o.c.Close()
+			o.write(append(append(encode("multi"), encode(cmd...)...), encode("exec")...))
+			var last any
+			for range 3 {
+				r, err := o.tryRead()
+				if err != nil {
+					done <- err
+					return
+				}
+				last = r
 			}
-			last = r
-		}
-		done <- last
-	}()
+			done <- last
+		}()
+	}
+	exec("rpush", b, "v")
 	select {
 	case r := <-done:
 		expect(t, r, []any{int64(1)})
@@ -117,21 +120,7 @@ func (e *env) testTransactions(t *testing.T) {
 	}
 	go func() { _, _ = lazy.c.Write(gets) }() // 100 MiB of replies, unread
 	time.Sleep(500 * time.Millisecond)
-	go func() {
-		o := dial(t, addr)
-		defer o.c.Close()
-		o.write(append(append(encode("multi"), encode("incr", n)...), encode("exec")...))
-		var last any
-		for range 3 {
-			r, err := o.tryRead()
-			if err != nil {
-				done <- err
-				return
-			}
-			last = r
-		}
-		done <- last
-	}()
+	exec("incr", n)
 	select {
 	case r := <-done:
 		if got, ok := r.([]any); !ok || len(got) != 1 {

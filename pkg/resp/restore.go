@@ -108,19 +108,19 @@ func parseRestorePayload(p []byte, lim restoreLimits) (*restoredValue, error) {
 		v.value, err = d.str(lim.value)
 	case rdbTypeList:
 		v.typ = shardkv.TypeList
-		err = d.plainList(v)
+		err = d.plain(v, false, false)
 	case rdbTypeListZiplist, rdbTypeListQuicklist, rdbTypeListQuicklist2:
 		v.typ = shardkv.TypeList
 		err = d.packedList(v, t)
 	case rdbTypeSet:
 		v.typ = shardkv.TypeSet
-		err = d.plainSet(v)
+		err = d.plain(v, false, true)
 	case rdbTypeSetIntset:
 		v.typ = shardkv.TypeSet
 		err = d.intset(v)
 	case rdbTypeHash:
 		v.typ = shardkv.TypeHash
-		err = d.plainHash(v)
+		err = d.plain(v, true, true)
 	case rdbTypeHashListpack, rdbTypeHashZiplist, rdbTypeZSetListpack, rdbTypeZSetZiplist:
 		v.typ = shardkv.TypeHash
 		if t == rdbTypeZSetListpack || t == rdbTypeZSetZiplist {
@@ -254,26 +254,6 @@ func (d *rdbDecoder) blob() ([]byte, error) {
 	return b, err
 }
 
-// plainList: RDB_TYPE_LIST, a count and the elements.
-func (d *rdbDecoder) plainList(v *restoredValue) error {
-	n, err := d.count()
-	if err != nil {
-		return err
-	}
-	v.fields = make([][]byte, 0, d.capFor(n))
-	for range n {
-		if err := d.elem(); err != nil {
-			return err
-		}
-		e, err := d.str(d.lim.value)
-		if err != nil {
-			return err
-		}
-		v.fields = append(v.fields, e)
-	}
-	return nil
-}
-
 // packedList: a quicklist (RDB_TYPE_LIST_QUICKLIST_2: a count of nodes,
 // each a container kind, 1 plain (one element) or 2 packed (a
 // listpack); RDB_TYPE_LIST_QUICKLIST: ziplists), or one ziplist
@@ -329,26 +309,6 @@ func (d *rdbDecoder) packedList(v *restoredValue, t byte) error {
 	return nil
 }
 
-// plainSet: RDB_TYPE_SET, a count and the members.
-func (d *rdbDecoder) plainSet(v *restoredValue) error {
-	n, err := d.count()
-	if err != nil {
-		return err
-	}
-	v.fields = make([][]byte, 0, d.capFor(n))
-	for range n {
-		if err := d.elem(); err != nil {
-			return err
-		}
-		m, err := d.str(d.lim.value)
-		if err != nil {
-			return err
-		}
-		v.fields = append(v.fields, m)
-	}
-	return noDuplicates(v.fields)
-}
-
 // intset: RDB_TYPE_SET_INTSET, a string holding an intset (intset.c):
 // its integer width (2, 4 or 8 bytes), its count, then the integers,
 // little-endian, ascending.
@@ -392,32 +352,6 @@ func (d *rdbDecoder) intset(v *restoredValue) error {
 		v.fields = append(v.fields, m)
 	}
 	return nil
-}
-
-// plainHash: RDB_TYPE_HASH, a count and the fields with their values.
-func (d *rdbDecoder) plainHash(v *restoredValue) error {
-	n, err := d.count()
-	if err != nil {
-		return err
-	}
-	v.fields = make([][]byte, 0, d.capFor(n))
-	v.values = make([][]byte, 0, d.capFor(n))
-	for range n {
-		if err := d.elem(); err != nil {
-			return err
-		}
-		f, err := d.str(d.lim.value)
-		if err != nil {
-			return err
-		}
-		val, err := d.str(d.lim.value)
-		if err != nil {
-			return err
-		}
-		v.fields = append(v.fields, f)
-		v.values = append(v.values, val)
-	}
-	return noDuplicates(v.fields)
 }
 
 // packedPairs: a hash's or a sorted set's listpack or ziplist, field
@@ -472,6 +406,41 @@ func packedScore(e []byte) (float64, error) {
 		return 0, errBadFormat
 	}
 	return f, nil
+}
+
+// plain reads RDB_TYPE_LIST, RDB_TYPE_SET or RDB_TYPE_HASH: a count,
+// then each element (a hash's field and value, if pairs); a set's or a
+// hash's elements must be distinct (unique).
+func (d *rdbDecoder) plain(v *restoredValue, pairs, unique bool) error {
+	n, err := d.count()
+	if err != nil {
+		return err
+	}
+	v.fields = make([][]byte, 0, d.capFor(n))
+	if pairs {
+		v.values = make([][]byte, 0, d.capFor(n))
+	}
+	for range n {
+		if err := d.elem(); err != nil {
+			return err
+		}
+		f, err := d.str(d.lim.value)
+		if err != nil {
+			return err
+		}
+		v.fields = append(v.fields, f)
+		if pairs {
+			val, err := d.str(d.lim.value)
+			if err != nil {
+				return err
+			}
+			v.values = append(v.values, val)
+		}
+	}
+	if unique {
+		return noDuplicates(v.fields)
+	}
+	return nil
 }
 
 // plainZSet: RDB_TYPE_ZSET_2 (a count, then each member and its score, a

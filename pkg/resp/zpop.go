@@ -91,17 +91,10 @@ func cmdZMPop(c *conn, p *pipeline, args [][]byte, slot int) {
 // member, score] from the first key that holds a sorted set, waiting for
 // one (see block).
 func cmdBZPop(c *conn, p *pipeline, args [][]byte, slot int) {
-	timeout, e := parseTimeout(args[len(args)-1])
+	keys, timeout, e := blockingArgs(args, func(k []byte) []byte { return c.sizeError(k) })
 	if e != nil {
 		p.reply(e)
 		return
-	}
-	keys := args[1 : len(args)-1]
-	for _, k := range keys {
-		if e := c.sizeError(k); e != nil {
-			p.reply(e)
-			return
-		}
 	}
 	max := strings.EqualFold(string(args[0]), "bzpopmax")
 	pop := func(key []byte) *shardkvpb.WriteOp { return zpopOp(key, max, 1) }
