@@ -1,6 +1,7 @@
 package resp
 
 import (
+	"fmt"
 	"math/bits"
 	"strings"
 
@@ -9,7 +10,7 @@ import (
 	"github.com/tidwall/redcon"
 )
 
-// Bit commands on string values: GETBIT, SETBIT, BITCOUNT, BITPOS. Bit 0
+// Bit commands on string values: GETBIT, SETBIT, BITCOUNT, BITPOS, BITOP. Bit 0
 // is the most significant bit of the first byte, as in Redis. Arguments
 // are checked in Redis's order: some after the key is read (a missing key
 // answers before its range is parsed).
@@ -220,4 +221,105 @@ func cmdBitPos(c *conn, p *pipeline, args [][]byte, slot int) {
 		}
 		return redcon.AppendInt(nil, -1)
 	})
+}
+
+// cmdBitOp: BITOP AND|OR|XOR|NOT destkey key [key ...] (keys in one
+// slot): the sources are read and the result written (or the
+// destination deleted, when it is empty) as two steps, with the node's
+// transaction lock held, as EXEC holds it (multi.go): no other Redis
+// command of the node comes between them (a write through the gRPC API
+// may). The reply is the result's length. Missing sources are empty, and
+// shorter ones padded with zero bytes, as in Redis.
+func cmdBitOp(c *conn, p *pipeline, args [][]byte, slot int) {
+	op := strings.ToLower(string(args[1]))
+	switch op {
+	case "and", "or", "xor":
+	case "not":
+		if len(args) != 4 {
+			p.reply(errReply("ERR BITOP NOT must be called with a single source key."))
+			return
+		}
+	default:
+		p.reply(errReply(errSyntax))
+		return
+	}
+	dest, srcs := args[2], args[3:]
+	if e := c.sizeError(dest); e != nil {
+		p.reply(e)
+		return
+	}
+	it := c.startNow(p, slot)
+	if it == nil {
+		return
+	}
+	s := c.s
+	if !c.execing { // EXEC holds the lock already
+		c.unlockShared()
+		s.tx.Lock()
+		defer func() {
+			s.tx.Unlock()
+			c.lockShared()
+		}()
+	}
+	b := &replyBound{s: s}
+	ctx, cancel := s.roundContext(s.cfg.ReadTimeout, it)
+	vals, err := s.b.ReadKeys(ctx, srcs, false, b.reserve)
+	if err == nil && len(vals) != len(srcs) {
+		err = fmt.Errorf("backend returned %d values for %d keys", len(vals), len(srcs))
+	}
+	if err != nil {
+		c.readNowFailed(ctx, it, err, b)
+		cancel()
+		return
+	}
+	cancel()
+	b.release()
+	var res []byte
+	for i, v := range vals {
+		if wrongType(v) {
+			it.out = errReply(errWrongType)
+			return
+		}
+		res = bitOp(op, res, v.Value, i == 0)
+	}
+	w := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_PUT, Key: dest, Value: res}
+	if len(res) == 0 {
+		w = &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_DELETE, Key: dest}
+	}
+	wi := &item{slot: slot, ops: []*shardkvpb.WriteOp{w}, deadline: it.deadline, seq: it.seq,
+		onWrite: func([]*shardkvpb.WriteResult) []byte { return redcon.AppendInt(nil, int64(len(res))) }}
+	s.runWrites([]*item{wi})
+	it.out = wi.out
+}
+
+// bitOp folds the source v into the result res (first: v is the first
+// source), the shorter padded with zero bytes.
+func bitOp(op string, res, v []byte, first bool) []byte {
+	if first {
+		res = append([]byte(nil), v...)
+		if op == "not" {
+			for i := range res {
+				res[i] = ^res[i]
+			}
+		}
+		return res
+	}
+	if len(v) > len(res) {
+		res = append(res, make([]byte, len(v)-len(res))...)
+	}
+	for i := range res {
+		var x byte
+		if i < len(v) {
+			x = v[i]
+		}
+		switch op {
+		case "and":
+			res[i] &= x
+		case "or":
+			res[i] |= x
+		case "xor":
+			res[i] ^= x
+		}
+	}
+	return res
 }

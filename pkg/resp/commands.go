@@ -131,6 +131,8 @@ func commandTable() map[string]*command {
 		key1("setbit", 4, fWriteD, []string{"@write", "@bitmap", "@slow"}, []string{"RW", "access", "update"}, cmdSetBit),
 		key1("bitcount", -2, []string{"readonly"}, []string{"@read", "@bitmap", "@slow"}, []string{"RO", "access"}, cmdBitCount),
 		key1("bitpos", -3, []string{"readonly"}, []string{"@read", "@bitmap", "@slow"}, []string{"RO", "access"}, cmdBitPos),
+		{name: "bitop", arity: -4, flags: []string{"write", "denyoom"}, first: 2, last: -1, step: 1, acl: []string{"@write", "@bitmap", "@slow"},
+			specs: []keySpec{{flags: []string{"OW", "update"}, index: 2, step: 1}, {flags: []string{"RO", "access"}, index: 3, lastKey: -1, step: 1}}, run: cmdBitOp},
 		{name: "lcs", arity: -3, flags: []string{"readonly"}, first: 1, last: 2, step: 1, acl: aStrRS,
 			specs: []keySpec{{flags: []string{"RO", "access"}, index: 1, lastKey: 1, step: 1}}, run: cmdLCS},
 		keys("msetnx", -3, fWriteD, aStrWS, []string{"request_policy:multi_shard", "response_policy:agg_min"}, []string{"OW", "insert"}, 2, cmdMSetNX),
