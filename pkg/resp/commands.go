@@ -250,6 +250,7 @@ func commandTable() map[string]*command {
 	list = append(list, zsetCommands()...)
 	list = append(list, zsetPopCommands()...)
 	list = append(list, transactionCommands()...)
+	list = append(list, sortCommands()...)
 	m := make(map[string]*command, len(list))
 	for _, c := range list {
 		m[c.name] = c

@@ -14,7 +14,11 @@ import (
 // step), or, with keyNum, a keynum find_keys (the count at index+numIdx,
 // the keys from index+firstKey every step).
 type keySpec struct {
-	flags   []string
+	flags []string
+	// unknown: begin_search and find_keys of type unknown (SORT's BY, GET
+	// and STORE keys), with notes.
+	unknown bool
+	notes   string
 	index   int
 	lastKey int
 	step    int
@@ -25,6 +29,22 @@ type keySpec struct {
 
 // appendSpec appends ks as COMMAND shows it.
 func (c *conn) appendSpec(b []byte, ks keySpec) []byte {
+	if ks.unknown {
+		b = c.appendMap(b, 4)
+		b = redcon.AppendBulkString(b, "notes")
+		b = redcon.AppendBulkString(b, ks.notes)
+		b = redcon.AppendBulkString(b, "flags")
+		b = c.appendSet(b, ks.flags, redcon.AppendString)
+		for _, part := range []string{"begin_search", "find_keys"} {
+			b = redcon.AppendBulkString(b, part)
+			b = c.appendMap(b, 2)
+			b = redcon.AppendBulkString(b, "type")
+			b = redcon.AppendBulkString(b, "unknown")
+			b = redcon.AppendBulkString(b, "spec")
+			b = c.appendMap(b, 0)
+		}
+		return b
+	}
 	if !ks.keyNum {
 		return c.appendKeySpec(b, ks.flags, "", ks.index, ks.lastKey, ks.step)
 	}
