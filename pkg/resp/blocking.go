@@ -26,7 +26,7 @@ import (
 // item it. It reports false if it popped nothing (no key of its type); otherwise it
 // sets it.out: render's reply, or the write's error or refusal.
 func (c *conn) popNow(it *item, deadline time.Time, op *shardkvpb.WriteOp, render func([]*shardkvpb.WriteResult) []byte) bool {
-	w := &item{slot: it.slot, ops: []*shardkvpb.WriteOp{op}, deadline: deadline, seq: it.seq, onWrite: render}
+	w := &item{slot: it.slot, ops: []*shardkvpb.WriteOp{op}, deadline: deadline, seq: it.seq, onWrite: render, blockedPop: true}
 	c.s.runWrites([]*item{w})
 	if len(w.res) == 1 && w.res[0].Error == "" && len(w.res[0].Values) == 0 {
 		return false
@@ -319,6 +319,49 @@ func (s *Server) serveBlocked(seen int64) {
 	}
 	clear(q.list[len(keep):])
 	q.list = keep
+}
+
+// serveWoken serves the clients blocked on keys that items (a write
+// batch just applied) wrote, before their replies go: as in Redis, where
+// the clients a command unblocks are served before the next command runs,
+// so a read after a push sees what the blocked clients took (BLMOVE
+// chains included). A batch of pops made for blocked clients serves no
+// one: the pass that made them goes on.
+func (s *Server) serveWoken(items []*item) {
+	for _, it := range items {
+		if it.blockedPop {
+			return // made by a pass, which holds q.mu
+		}
+	}
+	q := &s.blocked
+	q.mu.Lock()
+	waiting := len(q.list) > 0
+	q.mu.Unlock()
+	if !waiting {
+		return
+	}
+	keys := map[string]bool{}
+	for _, it := range items {
+		for _, op := range it.ops {
+			if op.Kind != shardkvpb.WriteOp_READ {
+				keys[string(op.Key)] = true
+				if op.Dest != nil {
+					keys[string(op.Dest)] = true
+				}
+			}
+		}
+	}
+	q.mu.Lock()
+	hit := false
+	for _, w := range q.list {
+		for _, k := range w.keys {
+			hit = hit || keys[string(k)]
+		}
+	}
+	q.mu.Unlock()
+	if hit {
+		s.serveBlocked(q.passes.Load())
+	}
 }
 
 // serveOne tries w's pop if one of its keys holds its type (or, before

@@ -1,6 +1,7 @@
 package resp_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -59,5 +60,26 @@ func (e *env) testBlockingOrder(t *testing.T) {
 		expect(t, c.do("lrange", dst, "0", "-1"), []any{"foo"})
 		first.c.Close()
 		second.c.Close()
+	}
+
+	// The clients a push unblocks are served before its reply, as in
+	// Redis: a read right after it sees what they moved (a chain of
+	// BLMOVEs included).
+	l1, l2, l3 := "{bo}l1", "{bo}l2", "{bo}l3"
+	for round := range 5 {
+		c.do("del", l1, l2, l3)
+		m1, m2 := dial(t, addr), dial(t, addr)
+		m1.write(encode("blmove", l1, l2, "right", "left", "0"))
+		time.Sleep(50 * time.Millisecond)
+		m2.write(encode("blmove", l2, l3, "left", "right", "0"))
+		time.Sleep(50 * time.Millisecond)
+		expect(t, c.do("rpush", l1, "foo"), int64(1))
+		if got := c.do("lrange", l3, "0", "-1"); fmt.Sprint(got) != "[foo]" {
+			t.Errorf("round %d: LRANGE of the chain's end right after the push: %v, want [foo]", round, got)
+		}
+		expect(t, m1.read(), "foo")
+		expect(t, m2.read(), "foo")
+		m1.c.Close()
+		m2.c.Close()
 	}
 }

@@ -75,6 +75,9 @@ type item struct {
 	ops     []*shardkvpb.WriteOp
 	onWrite func(res []*shardkvpb.WriteResult) []byte
 	res     []*shardkvpb.WriteResult
+	// blockedPop: a pop made for a blocked client (blocking.go), which
+	// serves no other blocked client itself (see serveWoken).
+	blockedPop bool
 }
 
 // pipeline runs queued commands of a connection in order, in rounds, and

@@ -91,6 +91,7 @@ func (s *Server) runWrites(items []*item) {
 		it.out = s.writeReply(it, outs[off:off+len(it.ops)])
 		off += len(it.ops)
 	}
+	s.serveWoken(items)
 }
 
 // replyTooLarge is the error reply to a read whose values together pass
