@@ -12,6 +12,7 @@ import (
 
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"github.com/tidwall/redcon"
 )
 
 // Pops of the first of several keys (LMPOP, ZMPOP) and the blocking
@@ -319,6 +320,49 @@ func (s *Server) serveBlocked(seen int64) {
 	}
 	clear(q.list[len(keep):])
 	q.list = keep
+}
+
+// cmdClientUnblock serves CLIENT UNBLOCK id [TIMEOUT|ERROR]: the client
+// blocked in a blocking command on this node is answered as if its
+// timeout had come (a null array) or with Redis's UNBLOCKED error: 1, or
+// 0 if it is not blocked here.
+func cmdClientUnblock(c *conn, p *pipeline, args [][]byte, _ int) {
+	if len(args) > 4 {
+		p.reply(errReply(fmt.Sprintf("ERR unknown subcommand or wrong number of arguments for '%s'. Try CLIENT HELP.", args[1])))
+		return
+	}
+	id, ok := parseInt(args[2])
+	if !ok {
+		p.reply(errReply(errNotInteger))
+		return
+	}
+	asError := false
+	switch {
+	case len(args) == 4 && strings.EqualFold(string(args[3]), "error"):
+		asError = true
+	case len(args) == 4 && strings.EqualFold(string(args[3]), "timeout"), len(args) == 3:
+	default:
+		p.reply(errReply("ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR"))
+		return
+	}
+	q := &c.s.blocked
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i, w := range q.list {
+		if w.c.id != id || w.served || w.own {
+			continue
+		}
+		w.it.out = w.c.nullArray()
+		if asError {
+			w.it.out = redcon.AppendError(nil, "UNBLOCKED client unblocked via CLIENT UNBLOCK")
+		}
+		w.served = true
+		close(w.done)
+		q.list = slices.Delete(q.list, i, i+1)
+		p.reply(redcon.AppendInt(nil, 1))
+		return
+	}
+	p.reply(redcon.AppendInt(nil, 0))
 }
 
 // serveWoken serves the clients blocked on keys that items (a write

@@ -2,6 +2,7 @@ package resp_test
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -82,4 +83,24 @@ func (e *env) testBlockingOrder(t *testing.T) {
 		m1.c.Close()
 		m2.c.Close()
 	}
+
+	// CLIENT UNBLOCK: as a timeout (a null array), or with UNBLOCKED.
+	u := dial(t, addr)
+	defer u.c.Close()
+	id := u.do("client", "id").(int64)
+	for _, reason := range []string{"", "TIMEOUT", "ERROR"} {
+		u.write(encode("blpop", "{bo}none", "0"))
+		time.Sleep(100 * time.Millisecond)
+		args := []string{"client", "unblock", strconv.FormatInt(id, 10)}
+		if reason != "" {
+			args = append(args, reason)
+		}
+		expect(t, c.do(args...), int64(1))
+		if reason == "ERROR" {
+			expect(t, u.read(), rerr("UNBLOCKED client unblocked via CLIENT UNBLOCK"))
+		} else {
+			expect(t, u.read(), nil)
+		}
+	}
+	expect(t, c.do("client", "unblock", strconv.FormatInt(id, 10)), int64(0))
 }

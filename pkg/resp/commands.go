@@ -215,6 +215,7 @@ func commandTable() map[string]*command {
 			none("client|setinfo", 4, fSub, aSlowC, nil, cmdClientSetInfo),
 			none("client|info", 2, fSub, aSlowC, []string{"nondeterministic_output"}, cmdClientInfo),
 			none("client|list", -2, []string{"admin", "noscript", "loading", "stale"}, []string{"@admin", "@slow", "@dangerous", "@connection"}, []string{"nondeterministic_output"}, cmdClientList),
+			none("client|unblock", -3, []string{"admin", "noscript", "loading", "stale"}, []string{"@admin", "@slow", "@dangerous", "@connection"}, nil, cmdClientUnblock),
 			none("client|help", 2, []string{"loading", "stale"}, aSlowC, nil, cmdHelp),
 		}},
 		// Server.

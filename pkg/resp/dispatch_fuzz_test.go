@@ -33,6 +33,7 @@ var (
 		"lrange", "llen", "lindex", "lset", "linsert", "lrem", "ltrim", "lpos", "lmove", "rpoplpush", "lmpop", "blpop", "brpop",
 		"blmove", "brpoplpush", "blmpop", "zmpop", "bzmpop", "bzpopmin", "bzpopmax", "lcs",
 		"multi", "exec", "discard", "watch", "unwatch", "bitop", "sort", "sort_ro"}
+	// (CLIENT UNBLOCK is a subcommand: "client" above, with "unblock" among the words.)
 	fuzzWords = []string{"k", "{t}a", "{t}b", "n", "", "id", "setname", "getname", "setinfo", "lib-name", "info", "list", "help",
 		"count", "docs", "getkeys", "myid", "keyslot", "slots", "shards", "nodes", "countkeysinslot", "getkeysinslot", "ex", "px",
 		"exat", "pxat", "nx", "xx", "gt", "lt", "get", "keepttl", "match", "*", "type", "string", "auth", "setname", "default", "persist", "replace", "db", "{t}*", "flush", "async", "sync", "bit", "byte", "encoding", "refcount", "freq", "idletime", "absttl",
@@ -40,7 +41,7 @@ var (
 		"withvalues", "hash", "f", "g", "4611686018427387904", "-4611686018427387904",
 		"withscores", "byscore", "bylex", "rev", "limit", "incr", "ch", "weights", "aggregate", "sum", "min", "max", "zset",
 		"-inf", "+inf", "(1", "[a", "(a", "-", "+", "0x10", " 1",
-		"left", "right", "before", "after", "rank", "maxlen", "set", "list", "idx", "len", "minmatchlen", "withmatchlen", "and", "xor", "not", "alpha", "desc", "store", "by", "nosort"}
+		"left", "right", "before", "after", "rank", "maxlen", "set", "list", "idx", "len", "minmatchlen", "withmatchlen", "and", "xor", "not", "alpha", "desc", "store", "by", "nosort", "unblock", "error", "timeout"}
 )
 
 // dispatchServer starts one data group of one replica with its RESP
