@@ -1,7 +1,6 @@
 package resp
 
 import (
-	"fmt"
 	"math/bits"
 	"strings"
 
@@ -252,27 +251,12 @@ func cmdBitOp(c *conn, p *pipeline, args [][]byte, slot int) {
 	if it == nil {
 		return
 	}
-	s := c.s
-	if !c.execing { // EXEC holds the lock already
-		c.unlockShared()
-		s.tx.Lock()
-		defer func() {
-			s.tx.Unlock()
-			c.lockShared()
-		}()
-	}
-	b := &replyBound{s: s}
-	ctx, cancel := s.roundContext(s.cfg.ReadTimeout, it)
-	vals, err := s.b.ReadKeys(ctx, srcs, false, b.reserve)
-	if err == nil && len(vals) != len(srcs) {
-		err = fmt.Errorf("backend returned %d values for %d keys", len(vals), len(srcs))
-	}
-	if err != nil {
-		c.readNowFailed(ctx, it, err, b)
-		cancel()
+	defer c.lockExclusive()()
+	b := &replyBound{s: c.s}
+	vals, ok := c.readKeysNow(it, srcs, false, b)
+	if !ok {
 		return
 	}
-	cancel()
 	b.release()
 	var res []byte
 	for i, v := range vals {
@@ -286,10 +270,7 @@ func cmdBitOp(c *conn, p *pipeline, args [][]byte, slot int) {
 	if len(res) == 0 {
 		w = &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_DELETE, Key: dest}
 	}
-	wi := &item{slot: slot, ops: []*shardkvpb.WriteOp{w}, deadline: it.deadline, seq: it.seq,
-		onWrite: func([]*shardkvpb.WriteResult) []byte { return redcon.AppendInt(nil, int64(len(res))) }}
-	s.runWrites([]*item{wi})
-	it.out = wi.out
+	c.writeNow(it, it.deadline, []*shardkvpb.WriteOp{w}, func([]*shardkvpb.WriteResult) []byte { return redcon.AppendInt(nil, int64(len(res))) })
 }
 
 // bitOp folds the source v into the result res (first: v is the first

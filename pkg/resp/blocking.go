@@ -379,27 +379,23 @@ func (s *Server) serveWoken(items []*item) {
 	}
 	q := &s.blocked
 	q.mu.Lock()
-	waiting := len(q.list) > 0
-	q.mu.Unlock()
-	if !waiting {
-		return
-	}
-	keys := map[string]bool{}
-	for _, it := range items {
-		for _, op := range it.ops {
-			if op.Kind != shardkvpb.WriteOp_READ {
-				keys[string(op.Key)] = true
-				if op.Dest != nil {
-					keys[string(op.Dest)] = true
+	hit := false
+	if len(q.list) > 0 { // else no work on the write path
+		keys := map[string]bool{}
+		for _, it := range items {
+			for _, op := range it.ops {
+				if op.Kind != shardkvpb.WriteOp_READ {
+					keys[string(op.Key)] = true
+					if op.Dest != nil {
+						keys[string(op.Dest)] = true
+					}
 				}
 			}
 		}
-	}
-	q.mu.Lock()
-	hit := false
-	for _, w := range q.list {
-		for _, k := range w.keys {
-			hit = hit || keys[string(k)]
+		for _, w := range q.list {
+			for _, k := range w.keys {
+				hit = hit || keys[string(k)]
+			}
 		}
 	}
 	q.mu.Unlock()

@@ -3,7 +3,6 @@ package resp
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"hash/crc64"
 	"strings"
 
@@ -336,25 +335,15 @@ func (c *conn) restoreIfAbsent(p *pipeline, slot int, ops []*shardkvpb.WriteOp) 
 	if it == nil {
 		return
 	}
-	s := c.s
-	b := &replyBound{s: s}
-	ctx, cancel := s.roundContext(s.cfg.ReadTimeout, it)
-	vals, err := s.b.ReadKeys(ctx, [][]byte{ops[0].Key}, false, b.reserve)
-	if err == nil && len(vals) != 1 {
-		err = fmt.Errorf("backend returned %d values for 1 key", len(vals))
-	}
-	if err != nil {
-		c.readNowFailed(ctx, it, err, b)
-		cancel()
+	b := &replyBound{s: c.s}
+	vals, ok := c.readKeysNow(it, [][]byte{ops[0].Key}, false, b)
+	if !ok {
 		return
 	}
-	cancel()
 	b.release()
 	if vals[0].Found {
 		it.out = errReply("BUSYKEY Target key name already exists.")
 		return
 	}
-	w := &item{slot: slot, ops: ops, deadline: it.deadline, seq: it.seq, onWrite: func([]*shardkvpb.WriteResult) []byte { return okReply() }}
-	s.runWrites([]*item{w})
-	it.out = w.out
+	c.writeNow(it, it.deadline, ops, func([]*shardkvpb.WriteResult) []byte { return okReply() })
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -200,6 +201,35 @@ func (c *conn) readColl(p *pipeline, slot int, key []byte, q shardkv.ElemQuery, 
 	it.charge += int64(b.used)
 }
 
+// readKeysNow reads keys now for the item it (of one slot; follower: as
+// a READONLY connection may), bounded by b, which keeps what the values
+// hold. On failure it sets it.out, gives back what b holds and reports
+// false.
+func (c *conn) readKeysNow(it *item, keys [][]byte, follower bool, b *replyBound) ([]shardkv.ValueEntry, bool) {
+	s := c.s
+	ctx, cancel := s.roundContext(s.cfg.ReadTimeout, it)
+	defer cancel()
+	vals, err := s.b.ReadKeys(ctx, keys, follower, b.reserve)
+	if err == nil && len(vals) != len(keys) {
+		err = fmt.Errorf("backend returned %d values for %d keys", len(vals), len(keys))
+	}
+	if err != nil {
+		c.readNowFailed(ctx, it, err, b)
+		return nil, false
+	}
+	return vals, true
+}
+
+// writeNow runs ops as a write of their own for the item it (due by
+// deadline), its reply render's: the write's item, whose results the
+// caller may look at.
+func (c *conn) writeNow(it *item, deadline time.Time, ops []*shardkvpb.WriteOp, render func([]*shardkvpb.WriteResult) []byte) *item {
+	w := &item{slot: it.slot, ops: ops, deadline: deadline, seq: it.seq, onWrite: render}
+	c.s.runWrites([]*item{w})
+	it.out = w.out
+	return w
+}
+
 // readAnyNow reads key now, whatever its type: a string's value, or a
 // collection's elements as q asks. The key is read first, then the
 // elements if it is a collection; if it changed type in between it is read
@@ -209,17 +239,10 @@ func (c *conn) readColl(p *pipeline, slot int, key []byte, q shardkv.ElemQuery, 
 func (c *conn) readAnyNow(it *item, key []byte, q shardkv.ElemQuery, b *replyBound, elemReserve func(int) bool) (shardkv.ValueEntry, shardkv.ElemsReply, bool) {
 	s := c.s
 	for range 3 {
-		ctx, cancel := s.roundContext(s.cfg.ReadTimeout, it)
-		vals, err := s.b.ReadKeys(ctx, [][]byte{key}, c.readonly, b.reserve)
-		if err == nil && len(vals) != 1 {
-			err = fmt.Errorf("backend returned %d values for 1 key", len(vals))
-		}
-		if err != nil {
-			c.readNowFailed(ctx, it, err, b)
-			cancel()
+		vals, ok := c.readKeysNow(it, [][]byte{key}, c.readonly, b)
+		if !ok {
 			return shardkv.ValueEntry{}, shardkv.ElemsReply{}, false
 		}
-		cancel()
 		if e := vals[0]; !e.Found || e.Type == shardkv.TypeString {
 			return e, shardkv.ElemsReply{}, true
 		}
@@ -230,7 +253,7 @@ func (c *conn) readAnyNow(it *item, key []byte, q shardkv.ElemQuery, b *replyBou
 		if elemReserve != nil {
 			reserve = elemReserve
 		}
-		ctx, cancel = s.roundContext(s.cfg.ReadTimeout, it)
+		ctx, cancel := s.roundContext(s.cfg.ReadTimeout, it)
 		r, err := s.b.ReadElems(ctx, key, q, c.readonly, reserve)
 		if elemReserve != nil && errors.Is(err, shardkv.ErrReadLimit) {
 			// The caller's reserve refused an element: the key is of

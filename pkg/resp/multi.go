@@ -213,14 +213,28 @@ func cmdExec(c *conn, p *pipeline, _ [][]byte, _ int) {
 	// What this pipeline holds runs first, under the shared lock; then
 	// the lock is taken whole for the transaction.
 	p.barrier()
-	c.unlockShared()
-	c.s.tx.Lock()
+	unlock := c.lockExclusive()
 	out, charge := func() ([]byte, int64) {
-		defer c.s.tx.Unlock()
+		defer unlock()
 		return c.runTransaction(tx)
 	}()
-	c.lockShared()
 	p.add(&item{out: out, charge: charge})
+}
+
+// lockExclusive takes the transaction lock whole for a command that reads
+// and then writes (EXEC, BITOP, SORT ... STORE), letting go of the
+// connection's shared hold first; the returned func gives it back. Inside
+// EXEC, which holds it already, it does nothing.
+func (c *conn) lockExclusive() (unlock func()) {
+	if c.execing {
+		return func() {}
+	}
+	c.unlockShared()
+	c.s.tx.Lock()
+	return func() {
+		c.s.tx.Unlock()
+		c.lockShared()
+	}
 }
 
 // lockShared takes the server's transaction lock shared: a connection

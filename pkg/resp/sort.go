@@ -121,16 +121,10 @@ func cmdSort(c *conn, p *pipeline, args [][]byte, slot int) {
 	if it == nil {
 		return
 	}
-	s := c.s
-	if a.store != nil && !c.execing { // EXEC holds the lock already
-		c.unlockShared()
-		s.tx.Lock()
-		defer func() {
-			s.tx.Unlock()
-			c.lockShared()
-		}()
+	if a.store != nil {
+		defer c.lockExclusive()()
 	}
-	b := &replyBound{s: s}
+	b := &replyBound{s: c.s}
 	entry, r, ok := c.readAnyNow(it, args[1], shardkv.ElemQuery{All: true}, b, nil)
 	if !ok {
 		return
@@ -161,10 +155,7 @@ func cmdSort(c *conn, p *pipeline, args [][]byte, slot int) {
 		}
 		ops = append(ops, push)
 	}
-	w := &item{slot: slot, ops: ops, deadline: it.deadline, seq: it.seq,
-		onWrite: func([]*shardkvpb.WriteResult) []byte { return redcon.AppendInt(nil, int64(len(elems))) }}
-	s.runWrites([]*item{w})
-	it.out = w.out
+	c.writeNow(it, it.deadline, ops, func([]*shardkvpb.WriteResult) []byte { return redcon.AppendInt(nil, int64(len(elems))) })
 }
 
 // sortElems orders a collection's elements (of type typ, as read in
