@@ -111,15 +111,24 @@ run_bench() {
   local port=$1 cluster=$2 test=$3 pipeline=$4 n=$5 out row
   local args=(-h 127.0.0.1 -p "$port" -t "$test" -c "$CLIENTS" -P "$pipeline" -n "$n" -r "$KEYSPACE" --csv)
   [ "$cluster" = 1 ] && args=(--cluster "${args[@]}")
-  if ! out=$(redis-benchmark "${args[@]}" 2>&1); then
-    die "redis-benchmark ${args[*]} failed:"$'\n'"$out"
-  fi
-  # --csv: "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-  row=$(printf '%s\n' "$out" | tr -d '"' | awk -F, -v t="${test^^}" '$1 == t { print $2, $5, $7 }' | tail -1)
-  if [ -z "$row" ] || printf '%s\n' "$out" | grep -q 'Error from server'; then
-    die "redis-benchmark ${args[*]} gave no result or errors:"$'\n'"$out"
-  fi
-  echo "$n $row"
+  local try
+  # A leader change under load can make redis-benchmark --cluster give up
+  # (it does not follow every redirect); such a run is retried, and said so.
+  for try in 1 2 3; do
+    row=""
+    if out=$(redis-benchmark "${args[@]}" 2>&1); then
+      # --csv: "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+      row=$(printf '%s\n' "$out" | tr -d '"' | awk -F, -v t="${test^^}" '$1 == t { print $2, $5, $7 }' | tail -1)
+      if [ -n "$row" ] && ! printf '%s\n' "$out" | grep -q 'Error from server'; then
+        echo "$n $row"
+        return 0
+      fi
+    fi
+    log "redis-benchmark ${args[*]} failed (try $try of 3):"
+    printf '%s\n' "$out" | tail -5 | sed 's/^/redis-bench:     /' >&2
+    sleep 2
+  done
+  die "redis-benchmark ${args[*]} failed 3 times"
 }
 
 # bench PORT CLUSTER TEST PIPELINE: calibrate -n for ~SECONDS_PER_RUN, run.

@@ -58,3 +58,52 @@ func BenchmarkDelHugeHash(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPopAfterPops: one ZPOPMIN, ZPOPMAX or SPOP on the state machine
+// (real badger) after `popped` earlier pops of a 100,000-member collection,
+// whose deleted records are still tombstones in badger. A pop should not
+// cost more the more pops came before it.
+//
+//	go test ./pkg/shardkv -run '^$' -bench PopAfterPops
+func BenchmarkPopAfterPops(b *testing.B) {
+	const n = 100_000
+	for _, kind := range []shardkvpb.WriteOp_Kind{shardkvpb.WriteOp_ZPOPMIN, shardkvpb.WriteOp_ZPOPMAX, shardkvpb.WriteOp_SPOP} {
+		for _, popped := range []int{0, 50_000, 90_000} {
+			b.Run(fmt.Sprintf("%v/popped=%d", kind, popped), func(b *testing.B) {
+				h := &smHarness{t: b, sm: openSM(b, 7), now: time.Unix(1_800_000_000, 0)}
+				h.apply(&shardkvpb.GroupCommand{NextConfig: &shardkvpb.Config{Num: 1, Shards: []uint64{7, 7, 7, 7},
+					Groups: []*shardkvpb.Group{{Gid: 7, Servers: []*shardkvpb.Server{{Id: 1, Addr: "a:1"}}}}}})
+				const per = 5000
+				for i := 0; i < n; i += per {
+					op := &shardkvpb.WriteOp{Kind: shardkvpb.WriteOp_ZADD, Key: []byte("c")}
+					if kind == shardkvpb.WriteOp_SPOP {
+						op.Kind = shardkvpb.WriteOp_SADD
+					}
+					for j := i; j < min(i+per, n); j++ {
+						op.Fields = append(op.Fields, fmt.Appendf(nil, "member-%08d", j))
+						if kind != shardkvpb.WriteOp_SPOP {
+							op.FieldValues = append(op.FieldValues, ScoreValue(float64(j)))
+						}
+					}
+					if r := h.write(op); r.Result.Error != "" {
+						b.Fatalf("fill: %v", r.Result)
+					}
+				}
+				for left := popped; left > 0; left -= 500 {
+					if r := h.write(&shardkvpb.WriteOp{Kind: kind, Key: []byte("c"), Delta: int64(min(left, 500))}); r.Result.Error != "" {
+						b.Fatalf("pop: %v", r.Result)
+					}
+				}
+				b.ResetTimer()
+				for i := range b.N {
+					if i == n-popped {
+						b.Fatal("the set ran out")
+					}
+					if r := h.write(&shardkvpb.WriteOp{Kind: kind, Key: []byte("c"), Delta: 1}); r.Result.Error != "" || r.Result.Num != 1 {
+						b.Fatalf("pop: %v", r.Result)
+					}
+				}
+			})
+		}
+	}
+}

@@ -50,28 +50,65 @@ func (t ValueType) collection() bool { return t != TypeString }
 // collMeta is a collection record's value: the version its elements carry,
 // how many there are, and a list's head (the position of its first
 // element; element i is at Head+i).
+//
+// For a sorted set, Head and Tail bound its score index instead: no entry
+// sorts below Head's 8 bytes (scoreBytes), none above Tail's complement;
+// 0 is no bound. ZPOPMIN and ZPOPMAX raise them, anything that adds an
+// entry beyond them widens them. They spare a pop the stepping over what
+// earlier pops deleted: badger keeps a deleted key's tombstone until a
+// compaction, and an iterator steps over each, so without them the
+// n-th pop from one end cost O(n).
 type collMeta struct {
 	Version uint64
 	Size    int64
 	Head    int64
+	Tail    uint64 // encoded only when set
 }
 
-const collMetaLen = 24
+// collMetaLen is a record's largest encoding (budget estimates);
+// collMetaMinLen its shortest (Tail unset).
+const (
+	collMetaLen    = 32
+	collMetaMinLen = 24
+)
 
 func (m collMeta) encode() []byte {
 	b := binary.BigEndian.AppendUint64(make([]byte, 0, collMetaLen), m.Version)
 	b = binary.BigEndian.AppendUint64(b, uint64(m.Size))
-	return binary.BigEndian.AppendUint64(b, uint64(m.Head))
+	b = binary.BigEndian.AppendUint64(b, uint64(m.Head))
+	if m.Tail != 0 {
+		b = binary.BigEndian.AppendUint64(b, m.Tail)
+	}
+	return b
 }
 
 var errBadMeta = errors.New("bad collection metadata")
 
 func decodeCollMeta(b []byte) (collMeta, error) {
-	if len(b) < collMetaLen {
+	if len(b) != collMetaMinLen && len(b) != collMetaLen {
 		return collMeta{}, errBadMeta
 	}
-	return collMeta{Version: binary.BigEndian.Uint64(b), Size: int64(binary.BigEndian.Uint64(b[8:])),
-		Head: int64(binary.BigEndian.Uint64(b[16:]))}, nil
+	m := collMeta{Version: binary.BigEndian.Uint64(b), Size: int64(binary.BigEndian.Uint64(b[8:])),
+		Head: int64(binary.BigEndian.Uint64(b[16:]))}
+	if len(b) == collMetaLen {
+		m.Tail = binary.BigEndian.Uint64(b[24:])
+	}
+	return m, nil
+}
+
+// scoreLow and scoreHigh are a sorted set's bounds on its index entries'
+// scores (scoreBytes as a number; see collMeta).
+func (m collMeta) scoreLow() uint64  { return uint64(m.Head) }
+func (m collMeta) scoreHigh() uint64 { return ^m.Tail }
+
+// widenScores makes the bounds cover an index entry of score bits b.
+func (m *collMeta) widenScores(b uint64) {
+	if b < m.scoreLow() {
+		m.Head = int64(b)
+	}
+	if b > m.scoreHigh() {
+		m.Tail = ^b
+	}
 }
 
 // versionOf is the version of a collection record (0: none, or not a live
@@ -246,8 +283,8 @@ func (a *applyCtx) copyElems(s int, key []byte, src *record, dst []byte, old, ne
 		}
 	}
 	// Elements are copied as they are (a list's positions, a sorted set's
-	// two records per member): the size and head stay the source's.
-	next.Value = collMeta{Version: v, Size: m.Size, Head: m.Head}.encode()
+	// two records per member): the size, head and tail stay the source's.
+	next.Value = collMeta{Version: v, Size: m.Size, Head: m.Head, Tail: m.Tail}.encode()
 	return "", nil
 }
 
@@ -266,8 +303,13 @@ func (a *applyCtx) scanElemsRev(prefix []byte, limit int) ([]rawKV, error) {
 	return a.scanPrefix(prefix, nil, limit, true)
 }
 
-// scanPrefix is scanElems, or scanElemsRev when reverse (from is then
-// unused): storage read up to limit plus the entry's buffered writes (any
+// scanElemsRevBelow is scanElemsRev of the records before to.
+func (a *applyCtx) scanElemsRevBelow(prefix, to []byte, limit int) ([]rawKV, error) {
+	return a.scanPrefix(prefix, to, limit, true)
+}
+
+// scanPrefix is scanElems, or scanElemsRev when reverse (from, if set, is
+// then an exclusive upper bound): storage read up to limit plus the entry's buffered writes (any
 // of which may hide a stored record), then the buffer overlaid.
 func (a *applyCtx) scanPrefix(prefix, from []byte, limit int, reverse bool) ([]rawKV, error) {
 	var out []rawKV
@@ -277,6 +319,10 @@ func (a *applyCtx) scanPrefix(prefix, from []byte, limit int, reverse bool) ([]r
 	}
 	it := a.txn.NewIterator(badger.IteratorOptions{Prefix: prefix, PrefetchValues: true, Reverse: reverse})
 	switch {
+	case reverse && from != nil:
+		// Seek lands on the last key at or before from; from itself is
+		// excluded below.
+		it.Seek(from)
 	case reverse:
 		it.Seek(append(bytes.Clone(prefix), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff))
 	case from == nil:
@@ -285,6 +331,9 @@ func (a *applyCtx) scanPrefix(prefix, from []byte, limit int, reverse bool) ([]r
 		it.Seek(from)
 	}
 	for ; it.ValidForPrefix(prefix) && len(out) < limit+extra; it.Next() {
+		if reverse && from != nil && bytes.Equal(it.Item().Key(), from) {
+			continue
+		}
 		v, err := it.Item().ValueCopy(nil)
 		if err != nil {
 			it.Close()
@@ -299,7 +348,7 @@ func (a *applyCtx) scanPrefix(prefix, from []byte, limit int, reverse bool) ([]r
 			m[string(e.k)] = i
 		}
 		for _, k := range a.buf.order {
-			if !bytes.HasPrefix([]byte(k), prefix) || (from != nil && k < string(from)) {
+			if !bytes.HasPrefix([]byte(k), prefix) || (from != nil && !reverse && k < string(from)) || (from != nil && reverse && k >= string(from)) {
 				continue
 			}
 			w := a.buf.m[k]

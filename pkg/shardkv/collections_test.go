@@ -1,9 +1,11 @@
 package shardkv
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -917,5 +919,116 @@ func TestMoveFromNothing(t *testing.T) {
 	h.write(op(shardkvpb.WriteOp_RPUSH, "{m}l", members("a", "b", "a")))
 	if r := h.write(op(shardkvpb.WriteOp_LREM, "{m}l", delta(math.MinInt64), val("a"))).Result; r.Num != 2 {
 		t.Fatalf("lrem with the lowest count: %v", r)
+	}
+}
+
+// TestZSetPopBounds: pops start at the sorted set's score bounds
+// (collMeta), which pops raise and adds widen; random ZADD, ZINCRBY, ZREM,
+// ZREMRANGEBYSCORE, ZPOPMIN, ZPOPMAX and COPY against a model of the set
+// must agree on every pop and on the whole set after each step, and the
+// bounds must hold every member.
+func TestZSetPopBounds(t *testing.T) {
+	h := newSMHarness(t)
+	rng := rand.New(rand.NewPCG(1, 2))
+	model := map[string]float64{}
+	key := "{b}z"
+	sorted := func() []string {
+		ms := slices.Collect(maps.Keys(model))
+		slices.SortFunc(ms, func(a, b string) int {
+			if c := cmp.Compare(model[a], model[b]); c != 0 {
+				return c
+			}
+			return strings.Compare(a, b)
+		})
+		return ms
+	}
+	score := func() float64 {
+		switch rng.IntN(20) {
+		case 0:
+			return math.Inf(-1)
+		case 1:
+			return math.Inf(1)
+		}
+		return float64(rng.IntN(200) - 100)
+	}
+	for step := range 3000 {
+		var what string
+		switch n := rng.IntN(100); {
+		case n < 35:
+			m, f := fmt.Sprintf("m%02d", rng.IntN(60)), score()
+			what = fmt.Sprintf("zadd %s %v", m, f)
+			h.write(op(shardkvpb.WriteOp_ZADD, key, scores(m, f)))
+			model[m] = f
+		case n < 45:
+			m, f := fmt.Sprintf("m%02d", rng.IntN(60)), float64(rng.IntN(60)-30)
+			what = fmt.Sprintf("zincrby %s %v", m, f)
+			r := h.write(op(shardkvpb.WriteOp_ZADD, key, scores(m, f), delta(ZAddIncr))).Result
+			if math.IsNaN(model[m] + f) {
+				if r.Error != errNaN {
+					t.Fatalf("step %d %s: %v, want NaN refused", step, what, r)
+				}
+				continue
+			}
+			model[m] += f
+		case n < 52:
+			m := fmt.Sprintf("m%02d", rng.IntN(60))
+			what = "zrem " + m
+			h.write(op(shardkvpb.WriteOp_ZREM, key, members(m)))
+			delete(model, m)
+		case n < 55:
+			lo := float64(rng.IntN(200) - 100)
+			hi := lo + float64(rng.IntN(20))
+			what = fmt.Sprintf("zremrangebyscore %v %v", lo, hi)
+			h.write(op(shardkvpb.WriteOp_ZREMRANGE, key, delta(ZByScore), func(o *shardkvpb.WriteOp) {
+				o.Fields = [][]byte{Bound{Kind: BoundIncl, Score: lo}.Encode(ZByScore), Bound{Kind: BoundIncl, Score: hi}.Encode(ZByScore)}
+			}))
+			for m, f := range model {
+				if f >= lo && f <= hi {
+					delete(model, m)
+				}
+			}
+		case n < 97:
+			fromMin := n < 76
+			cnt := 1 + rng.IntN(4)
+			kind := shardkvpb.WriteOp_ZPOPMAX
+			want := sorted()
+			if fromMin {
+				kind = shardkvpb.WriteOp_ZPOPMIN
+			} else {
+				slices.Reverse(want)
+			}
+			want = want[:min(cnt, len(want))]
+			what = fmt.Sprintf("%v %d", kind, cnt)
+			r := h.write(op(kind, key, delta(int64(cnt)))).Result
+			var got []string
+			for i := 0; i+1 < len(r.Values); i += 2 {
+				got = append(got, string(r.Values[i]))
+			}
+			if !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+				t.Fatalf("step %d %s: popped %v, want %v", step, what, got, want)
+			}
+			for _, m := range want {
+				delete(model, m)
+			}
+		default:
+			// A copy keeps the bounds; carry on with it.
+			to := fmt.Sprintf("{b}z%d", step)
+			what = "copy to " + to
+			h.write(op(shardkvpb.WriteOp_COPY, key, dest(to)))
+			if len(model) > 0 {
+				key = to
+			}
+		}
+		var want []string
+		for _, m := range sorted() {
+			want = append(want, fmt.Sprintf("%s:%g", m, model[m]))
+		}
+		got := []string{}
+		if h.entry(key).Found {
+			got = h.zrange(key, byRank(0, -1, false))
+		}
+		if !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+			t.Fatalf("step %d %s: set %v, want %v", step, what, got, want)
+		}
 	}
 }

@@ -80,6 +80,7 @@ type zsetEdit struct {
 	key  []byte
 	old  *record
 	m    collMeta
+	orig collMeta // m as read: finish writes m if it changed
 	live bool
 	made bool
 	exp  int64
@@ -90,7 +91,7 @@ func (a *applyCtx) zsetEdit(s int, key []byte) (*zsetEdit, string, error) {
 	if err != nil || code != "" {
 		return nil, code, err
 	}
-	z := &zsetEdit{a: a, s: s, key: key, old: old, m: m, live: live}
+	z := &zsetEdit{a: a, s: s, key: key, old: old, m: m, orig: m, live: live}
 	if live {
 		z.exp = old.ExpireAtMs
 	}
@@ -133,6 +134,7 @@ func (z *zsetEdit) put(member []byte, score float64, cur float64, exists bool) e
 	if err := z.a.setShardRecord(z.s, elemKey(z.s, z.key, z.m.Version, zMemberField(member)), elemValue(ScoreValue(score))); err != nil {
 		return err
 	}
+	z.m.widenScores(binary.BigEndian.Uint64(scoreBytes(score)))
 	return z.a.setShardRecord(z.s, elemKey(z.s, z.key, z.m.Version, zScoreField(score, member)), elemValue(nil))
 }
 
@@ -152,7 +154,7 @@ func (z *zsetEdit) finish(changed bool) error {
 		}
 		return z.a.putRecord(z.s, z.key, z.old, &record{Tombstone: true, Index: z.a.index})
 	}
-	if !changed {
+	if !changed && z.m == z.orig {
 		return nil
 	}
 	return z.a.putRecord(z.s, z.key, z.old, &record{Type: TypeZSet, Value: z.m.encode(), ExpireAtMs: z.exp, Index: z.a.index})
@@ -246,10 +248,13 @@ func (a *applyCtx) mutateZSet(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 		}
 		prefix := elemKey(s, op.Key, z.m.Version, []byte{zScore})
 		var idx []rawKV
-		if op.Kind == shardkvpb.WriteOp_ZPOPMIN {
-			idx, err = a.scanElems(prefix, nil, int(op.Delta))
-		} else {
+		switch {
+		case op.Kind == shardkvpb.WriteOp_ZPOPMIN:
+			idx, err = a.scanElems(prefix, binary.BigEndian.AppendUint64(bytes.Clone(prefix), z.m.scoreLow()), int(op.Delta))
+		case z.m.scoreHigh() == math.MaxUint64:
 			idx, err = a.scanElemsRev(prefix, int(op.Delta))
+		default:
+			idx, err = a.scanElemsRevBelow(prefix, binary.BigEndian.AppendUint64(bytes.Clone(prefix), z.m.scoreHigh()+1), int(op.Delta))
 		}
 		if err != nil {
 			return nil, err
@@ -273,6 +278,13 @@ func (a *applyCtx) mutateZSet(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 			res.Values = append(res.Values, bytes.Clone(member), ScoreValue(shown))
 			if err := z.remove(member, score); err != nil {
 				return nil, err
+			}
+			// Nothing live is left beyond the popped score: the next pop
+			// starts there.
+			if bits := binary.BigEndian.Uint64(e.k[len(prefix):]); op.Kind == shardkvpb.WriteOp_ZPOPMIN {
+				z.m.Head = int64(bits)
+			} else {
+				z.m.Tail = ^bits
 			}
 			res.Num++
 			changed = true
