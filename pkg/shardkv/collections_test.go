@@ -1032,3 +1032,131 @@ func TestZSetPopBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestSetPopBounds: SPOP starts at the set's lower bound on its members
+// (collMeta), which pops raise and SADD and SMOVE widen; random SADD,
+// SREM, SMOVE, SPOP and COPY against a model of the set must agree on
+// what every pop may take and on the whole set after each step. Members
+// are long (a shared prefix, past the bound's 16 bytes), short, empty, or
+// end in zero bytes.
+func TestSetPopBounds(t *testing.T) {
+	h := newSMHarness(t)
+	rng := rand.New(rand.NewPCG(3, 4))
+	model := map[string]bool{}
+	other := map[string]bool{}
+	key, dst := "{p}s", "{p}other"
+	// Pops raise the bound past "x"; a member moved in below it must
+	// widen it, or the last pop misses that member.
+	h.write(op(shardkvpb.WriteOp_SADD, "{p}x", members("x1", "x2", "x3", "x4", "x5", "x6", "x7", "x8", "x9")))
+	for range 8 {
+		h.write(op(shardkvpb.WriteOp_SPOP, "{p}x", delta(1)))
+	}
+	h.write(op(shardkvpb.WriteOp_SADD, "{p}y", members("a")))
+	h.write(op(shardkvpb.WriteOp_SMOVE, "{p}y", dest("{p}x"), members("a")))
+	if r := h.write(op(shardkvpb.WriteOp_SPOP, "{p}x", delta(5))).Result; len(r.Values) != 2 {
+		t.Fatalf("spop after smove in below the bound: %q, want 2 members", r.Values)
+	}
+	large := 0 // pops from a set past smallSet (a random start)
+	member := func() string {
+		n := rng.IntN(2000)
+		switch rng.IntN(5) {
+		case 0:
+			return fmt.Sprintf("%c", 'a'+n%26)
+		case 1:
+			return ""
+		case 2:
+			return fmt.Sprintf("b%d\x00", n%50)
+		case 3:
+			return fmt.Sprintf("user:shared-prefix:%05d", n)
+		}
+		return fmt.Sprintf("m%03d", n)
+	}
+	check := func(step int, what, k string, want map[string]bool) {
+		t.Helper()
+		got := []string{}
+		if h.entry(k).Found {
+			got = h.set(k)
+		}
+		ws := slices.Sorted(maps.Keys(want))
+		if !slices.Equal(got, ws) && !(len(got) == 0 && len(ws) == 0) {
+			t.Fatalf("step %d %s: %s holds %q, want %q", step, what, k, got, ws)
+		}
+	}
+	for step := range 5000 {
+		var what string
+		switch n := rng.IntN(100); {
+		case n < 40:
+			var ms []string
+			for range 10 {
+				ms = append(ms, member())
+			}
+			what = fmt.Sprintf("sadd %q", ms)
+			h.write(op(shardkvpb.WriteOp_SADD, key, members(ms...)))
+			for _, m := range ms {
+				model[m] = true
+			}
+		case n < 47:
+			m := member()
+			what = fmt.Sprintf("srem %q", m)
+			h.write(op(shardkvpb.WriteOp_SREM, key, members(m)))
+			delete(model, m)
+		case n < 55:
+			// SMOVE both ways: the destination's bound widens too.
+			from, to, fm, tm := key, dst, model, other
+			if n < 51 {
+				from, to, fm, tm = dst, key, other, model
+			}
+			m := member()
+			if rng.IntN(2) == 0 {
+				for x := range fm {
+					m = x
+					break
+				}
+			}
+			what = fmt.Sprintf("smove %s %s %q", from, to, m)
+			h.write(op(shardkvpb.WriteOp_SMOVE, from, dest(to), members(m)))
+			if fm[m] {
+				delete(fm, m)
+				tm[m] = true
+			}
+			check(step, what, dst, other)
+		case n < 58:
+			ms := []string{member(), member()}
+			what = fmt.Sprintf("sadd %s %q", dst, ms)
+			h.write(op(shardkvpb.WriteOp_SADD, dst, members(ms...)))
+			for _, m := range ms {
+				other[m] = true
+			}
+		case n < 98:
+			cnt := 1 + rng.IntN(3)
+			if step%1500 == 1499 {
+				cnt = 3000 // the whole set at once
+			}
+			if len(model) > smallSet {
+				large++
+			}
+			what = fmt.Sprintf("spop %d", cnt)
+			r := h.write(op(shardkvpb.WriteOp_SPOP, key, delta(int64(cnt)))).Result
+			if want := min(cnt, len(model)); len(r.Values) != want {
+				t.Fatalf("step %d %s: popped %d of %d members, want %d", step, what, len(r.Values), len(model), want)
+			}
+			for _, v := range r.Values {
+				if !model[string(v)] {
+					t.Fatalf("step %d %s: popped %q, not a member", step, what, v)
+				}
+				delete(model, string(v))
+			}
+		default:
+			to := fmt.Sprintf("{p}s%d", step)
+			what = "copy to " + to
+			h.write(op(shardkvpb.WriteOp_COPY, key, dest(to)))
+			if len(model) > 0 {
+				key = to
+			}
+		}
+		check(step, what, key, model)
+	}
+	if large < 100 {
+		t.Fatalf("only %d pops from a set of more than %d members", large, smallSet)
+	}
+}

@@ -78,6 +78,9 @@ func (a *applyCtx) mutateColl(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 			if cur == nil {
 				meta.Size++
 				res.Num++
+				if typ == TypeSet {
+					meta.widenMembers(f)
+				}
 			}
 			var v []byte
 			if op.Kind == shardkvpb.WriteOp_HSET {
@@ -88,7 +91,7 @@ func (a *applyCtx) mutateColl(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 			}
 		}
 	case shardkvpb.WriteOp_SPOP:
-		picked, err := a.pickElems(s, op.Key, meta, int(op.Delta))
+		picked, bound, err := a.pickElems(s, op.Key, meta, int(op.Delta))
 		if err != nil {
 			return nil, err
 		}
@@ -107,6 +110,9 @@ func (a *applyCtx) mutateColl(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 		}
 		meta.Size -= int64(len(picked))
 		res.Num = int64(len(picked))
+		if bound != nil {
+			meta.setMemberLow(bound)
+		}
 	case shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_SREM:
 		for _, f := range op.Fields {
 			ek := elemKey(s, op.Key, meta.Version, f)

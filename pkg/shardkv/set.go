@@ -23,16 +23,57 @@ func (a *applyCtx) rng(key []byte) *rand.Rand {
 	return rand.New(rand.NewPCG(a.index, h.Sum64()))
 }
 
-// pickElems picks up to n elements (raw keys) of the collection at key
-// (metadata m) at random, as the entry sees it.
-func (a *applyCtx) pickElems(s int, key []byte, m collMeta, n int) ([][]byte, error) {
+// A set's Head and Tail hold a lower bound on its members (collMeta):
+// their first 16 bytes, zero-padded, as a number. SPOP starts its scans
+// there, so it does not step over the tombstones of earlier pops (which
+// take members from the low end whenever the random start falls past the
+// last member, as it mostly does for members that share a prefix). It
+// helps only members that differ within their first 16 bytes.
+
+// memberLow is the set's bound (16 bytes, zero: none).
+func (m collMeta) memberLow() []byte {
+	return binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(make([]byte, 0, 16), uint64(m.Head)), m.Tail)
+}
+
+func (m *collMeta) setMemberLow(b []byte) {
+	m.Head, m.Tail = int64(binary.BigEndian.Uint64(b)), binary.BigEndian.Uint64(b[8:])
+}
+
+// memberBound is member's first 16 bytes, zero-padded.
+func memberBound(member []byte) []byte {
+	b := make([]byte, 16)
+	copy(b, member)
+	return b
+}
+
+// widenMembers lowers the bound to cover member.
+func (m *collMeta) widenMembers(member []byte) {
+	if b := memberBound(member); bytes.Compare(b, m.memberLow()) < 0 {
+		m.setMemberLow(b)
+	}
+}
+
+// lowSeek is where a scan of the set's elements (under prefix) starts:
+// no live member sorts before it (the bound without its trailing zero
+// bytes: a member shorter than 16 bytes pads with zeros).
+func (m collMeta) lowSeek(prefix []byte) []byte {
+	return append(bytes.Clone(prefix), bytes.TrimRight(m.memberLow(), "\x00")...)
+}
+
+// pickElems picks up to n elements (raw keys) of the set at key
+// (metadata m) at random, as the entry sees it, and the set's new lower
+// bound once they are gone (nil: unchanged).
+func (a *applyCtx) pickElems(s int, key []byte, m collMeta, n int) ([][]byte, []byte, error) {
 	prefix := elemPrefix(s, key, m.Version)
+	low := m.lowSeek(prefix)
 	r := a.rng(key)
 	if m.Size <= smallSet || int64(n) >= m.Size {
-		all, err := a.scanElems(prefix, nil, int(min(m.Size, int64(max(smallSet, maxCopyElems)))))
-		if err != nil {
-			return nil, err
+		all, err := a.scanElems(prefix, low, int(min(m.Size, int64(max(smallSet, maxCopyElems)))))
+		if err != nil || len(all) == 0 {
+			return nil, nil, err
 		}
+		// Nothing before the first member found is live.
+		bound := memberBound(all[0].k[len(prefix):])
 		if n < len(all) {
 			// A partial Fisher-Yates shuffle.
 			for i := range n {
@@ -45,17 +86,30 @@ func (a *applyCtx) pickElems(s int, key []byte, m collMeta, n int) ([][]byte, er
 		for i, e := range all {
 			out[i] = e.k
 		}
-		return out, nil
+		return out, bound, nil
 	}
 	start := binary.BigEndian.AppendUint64(bytes.Clone(prefix), r.Uint64())
+	fromLow := bytes.Compare(start, low) <= 0
+	if fromLow {
+		start = low
+	}
 	elems, err := a.scanElems(prefix, start, n)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	var bound []byte
+	if fromLow && len(elems) > 0 {
+		bound = memberBound(elems[len(elems)-1].k[len(prefix):])
 	}
 	if len(elems) < n {
-		more, err := a.scanElems(prefix, nil, n-len(elems))
+		// Past the last member: on from the bound. All it finds go, so
+		// nothing up to the last of them is left.
+		more, err := a.scanElems(prefix, low, n-len(elems))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+		if len(more) > 0 {
+			bound = memberBound(more[len(more)-1].k[len(prefix):])
 		}
 		elems = append(elems, more...)
 	}
@@ -65,7 +119,7 @@ func (a *applyCtx) pickElems(s int, key []byte, m collMeta, n int) ([][]byte, er
 			out = append(out, e.k)
 		}
 	}
-	return out, nil
+	return out, bound, nil
 }
 
 // liveColl reads the record at key of shard s for an op on a collection
@@ -149,6 +203,7 @@ func (a *applyCtx) smove(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteResult, 
 	}
 	if had == nil {
 		dm.Size++
+		dm.widenMembers(member)
 		if err := a.setShardRecord(s, dk, elemValue(nil)); err != nil {
 			return nil, err
 		}
