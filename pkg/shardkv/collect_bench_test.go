@@ -80,7 +80,7 @@ func BenchmarkPopAfterPops(b *testing.B) {
 						op.Kind = shardkvpb.WriteOp_SADD
 					}
 					for j := i; j < min(i+per, n); j++ {
-						op.Fields = append(op.Fields, fmt.Appendf(nil, "member-%08d", j))
+						op.Fields = append(op.Fields, fmt.Appendf(nil, "element:%012d", j)) // as redis-benchmark names them
 						if kind != shardkvpb.WriteOp_SPOP {
 							op.FieldValues = append(op.FieldValues, ScoreValue(float64(j)))
 						}

@@ -53,31 +53,37 @@ func (t ValueType) collection() bool { return t != TypeString }
 //
 // For a sorted set, Head and Tail bound its score index instead: no entry
 // sorts below Head's 8 bytes (scoreBytes), none above Tail's complement;
-// 0 is no bound. ZPOPMIN and ZPOPMAX raise them, anything that adds an
-// entry beyond them widens them. They spare a pop the stepping over what
-// earlier pops deleted: badger keeps a deleted key's tombstone until a
-// compaction, and an iterator steps over each, so without them the
-// n-th pop from one end cost O(n).
+// 0 is no bound. For a set, Low bounds its members: each one's first
+// maxSetLow bytes sort at or after it. Pops raise them, anything that adds
+// an element beyond them widens them. They spare a pop the stepping over
+// what earlier pops deleted: badger keeps a deleted key's tombstone until
+// a compaction, and an iterator steps over each, so without them the n-th
+// pop from one end cost O(n).
 type collMeta struct {
 	Version uint64
 	Size    int64
 	Head    int64
-	Tail    uint64 // encoded only when set
+	Tail    uint64 // encoded, with Low, only when either is set
+	Low     string
 }
 
+// maxSetLow is the most of a member a set's Low keeps.
+const maxSetLow = 64
+
 // collMetaLen is a record's largest encoding (budget estimates);
-// collMetaMinLen its shortest (Tail unset).
+// collMetaMinLen its shortest (no Tail or Low).
 const (
-	collMetaLen    = 32
+	collMetaLen    = 32 + maxSetLow
 	collMetaMinLen = 24
 )
 
 func (m collMeta) encode() []byte {
-	b := binary.BigEndian.AppendUint64(make([]byte, 0, collMetaLen), m.Version)
+	b := binary.BigEndian.AppendUint64(make([]byte, 0, collMetaMinLen+8+len(m.Low)), m.Version)
 	b = binary.BigEndian.AppendUint64(b, uint64(m.Size))
 	b = binary.BigEndian.AppendUint64(b, uint64(m.Head))
-	if m.Tail != 0 {
+	if m.Tail != 0 || m.Low != "" {
 		b = binary.BigEndian.AppendUint64(b, m.Tail)
+		b = append(b, m.Low...)
 	}
 	return b
 }
@@ -85,13 +91,14 @@ func (m collMeta) encode() []byte {
 var errBadMeta = errors.New("bad collection metadata")
 
 func decodeCollMeta(b []byte) (collMeta, error) {
-	if len(b) != collMetaMinLen && len(b) != collMetaLen {
+	if len(b) != collMetaMinLen && (len(b) < collMetaMinLen+8 || len(b) > collMetaLen) {
 		return collMeta{}, errBadMeta
 	}
 	m := collMeta{Version: binary.BigEndian.Uint64(b), Size: int64(binary.BigEndian.Uint64(b[8:])),
 		Head: int64(binary.BigEndian.Uint64(b[16:]))}
-	if len(b) == collMetaLen {
+	if len(b) > collMetaMinLen {
 		m.Tail = binary.BigEndian.Uint64(b[24:])
+		m.Low = string(b[32:])
 	}
 	return m, nil
 }
@@ -283,8 +290,8 @@ func (a *applyCtx) copyElems(s int, key []byte, src *record, dst []byte, old, ne
 		}
 	}
 	// Elements are copied as they are (a list's positions, a sorted set's
-	// two records per member): the size, head and tail stay the source's.
-	next.Value = collMeta{Version: v, Size: m.Size, Head: m.Head, Tail: m.Tail}.encode()
+	// two records per member): the size and bounds stay the source's.
+	next.Value = collMeta{Version: v, Size: m.Size, Head: m.Head, Tail: m.Tail, Low: m.Low}.encode()
 	return "", nil
 }
 

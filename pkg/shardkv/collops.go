@@ -111,7 +111,7 @@ func (a *applyCtx) mutateColl(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 		meta.Size -= int64(len(picked))
 		res.Num = int64(len(picked))
 		if bound != nil {
-			meta.setMemberLow(bound)
+			meta.Low = *bound
 		}
 	case shardkvpb.WriteOp_HDEL, shardkvpb.WriteOp_SREM:
 		for _, f := range op.Fields {

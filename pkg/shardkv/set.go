@@ -23,47 +23,31 @@ func (a *applyCtx) rng(key []byte) *rand.Rand {
 	return rand.New(rand.NewPCG(a.index, h.Sum64()))
 }
 
-// A set's Head and Tail hold a lower bound on its members (collMeta):
-// their first 16 bytes, zero-padded, as a number. SPOP starts its scans
-// there, so it does not step over the tombstones of earlier pops (which
-// take members from the low end whenever the random start falls past the
-// last member, as it mostly does for members that share a prefix). It
-// helps only members that differ within their first 16 bytes.
+// A set's Low (collMeta) is a lower bound on its members' first
+// maxSetLow bytes. SPOP starts its scans there, so it does not step over
+// the tombstones of earlier pops (which take members from the low end
+// whenever the random start falls past the last member, as it mostly does
+// for members that share a prefix).
 
-// memberLow is the set's bound (16 bytes, zero: none).
-func (m collMeta) memberLow() []byte {
-	return binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(make([]byte, 0, 16), uint64(m.Head)), m.Tail)
-}
-
-func (m *collMeta) setMemberLow(b []byte) {
-	m.Head, m.Tail = int64(binary.BigEndian.Uint64(b)), binary.BigEndian.Uint64(b[8:])
-}
-
-// memberBound is member's first 16 bytes, zero-padded.
-func memberBound(member []byte) []byte {
-	b := make([]byte, 16)
-	copy(b, member)
-	return b
-}
+// memberBound is member's first maxSetLow bytes.
+func memberBound(member []byte) string { return string(member[:min(len(member), maxSetLow)]) }
 
 // widenMembers lowers the bound to cover member.
 func (m *collMeta) widenMembers(member []byte) {
-	if b := memberBound(member); bytes.Compare(b, m.memberLow()) < 0 {
-		m.setMemberLow(b)
+	if b := memberBound(member); b < m.Low {
+		m.Low = b
 	}
 }
 
-// lowSeek is where a scan of the set's elements (under prefix) starts:
-// no live member sorts before it (the bound without its trailing zero
-// bytes: a member shorter than 16 bytes pads with zeros).
-func (m collMeta) lowSeek(prefix []byte) []byte {
-	return append(bytes.Clone(prefix), bytes.TrimRight(m.memberLow(), "\x00")...)
-}
+// lowSeek is where a scan of the set's elements (under prefix) starts: no
+// live member sorts before it (a member sorts at or after its own first
+// bytes).
+func (m collMeta) lowSeek(prefix []byte) []byte { return append(bytes.Clone(prefix), m.Low...) }
 
 // pickElems picks up to n elements (raw keys) of the set at key
 // (metadata m) at random, as the entry sees it, and the set's new lower
 // bound once they are gone (nil: unchanged).
-func (a *applyCtx) pickElems(s int, key []byte, m collMeta, n int) ([][]byte, []byte, error) {
+func (a *applyCtx) pickElems(s int, key []byte, m collMeta, n int) ([][]byte, *string, error) {
 	prefix := elemPrefix(s, key, m.Version)
 	low := m.lowSeek(prefix)
 	r := a.rng(key)
@@ -74,6 +58,7 @@ func (a *applyCtx) pickElems(s int, key []byte, m collMeta, n int) ([][]byte, []
 		}
 		// Nothing before the first member found is live.
 		bound := memberBound(all[0].k[len(prefix):])
+		boundp := &bound
 		if n < len(all) {
 			// A partial Fisher-Yates shuffle.
 			for i := range n {
@@ -86,7 +71,7 @@ func (a *applyCtx) pickElems(s int, key []byte, m collMeta, n int) ([][]byte, []
 		for i, e := range all {
 			out[i] = e.k
 		}
-		return out, bound, nil
+		return out, boundp, nil
 	}
 	start := binary.BigEndian.AppendUint64(bytes.Clone(prefix), r.Uint64())
 	fromLow := bytes.Compare(start, low) <= 0
@@ -97,9 +82,10 @@ func (a *applyCtx) pickElems(s int, key []byte, m collMeta, n int) ([][]byte, []
 	if err != nil {
 		return nil, nil, err
 	}
-	var bound []byte
+	var bound *string
 	if fromLow && len(elems) > 0 {
-		bound = memberBound(elems[len(elems)-1].k[len(prefix):])
+		b := memberBound(elems[len(elems)-1].k[len(prefix):])
+		bound = &b
 	}
 	if len(elems) < n {
 		// Past the last member: on from the bound. All it finds go, so
@@ -109,7 +95,8 @@ func (a *applyCtx) pickElems(s int, key []byte, m collMeta, n int) ([][]byte, []
 			return nil, nil, err
 		}
 		if len(more) > 0 {
-			bound = memberBound(more[len(more)-1].k[len(prefix):])
+			b := memberBound(more[len(more)-1].k[len(prefix):])
+			bound = &b
 		}
 		elems = append(elems, more...)
 	}
