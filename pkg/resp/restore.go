@@ -797,7 +797,7 @@ func (c *conn) restoreSizeError(ops []*shardkvpb.WriteOp) []byte {
 	// EXPIRE's is the value limit), its index entries, one dead-version
 	// mark per op, the elements, and the expiry's index entry.
 	k := len(add.Key)
-	meta := 24 // the collection's metadata (collMetaLen)
+	meta := shardkv.CollMetaMaxBytes
 	if len(ops) > 2 {
 		meta = max(meta, c.s.b.MaxValueBytes())
 	}

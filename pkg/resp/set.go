@@ -93,7 +93,7 @@ func (o *opCost) add(k, v int) {
 // key's record (its metadata) and index entries, and a dead-version mark.
 func collOp(k int) opCost {
 	var o opCost
-	o.add(4+k, 17+24)
+	o.add(4+k, 17+shardkv.CollMetaMaxBytes)
 	o.add(3+k, 0)
 	o.add(11+k, 0)
 	o.add(11+k, 0)

@@ -42,6 +42,10 @@ const (
 	// it fails with OpErrResultTooLarge and changes nothing, the same on
 	// every replica. Front ends keep their batches below it.
 	EntryMaxResultBytes = 64 << 20
+	// CollMetaMaxBytes is the largest value of a collection's record (its
+	// metadata, with a sorted set's or set's pop bounds): front ends that
+	// count a command's writes before proposing it use it.
+	CollMetaMaxBytes = collMetaLen
 	// valueInline: a value this long or longer goes to badger's value log
 	// and counts as a 12-byte pointer (raftgroup's ValueThreshold, 1 MiB).
 	valueInline = 1 << 20
