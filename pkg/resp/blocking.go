@@ -112,12 +112,12 @@ func (c *conn) block(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType
 		}
 		return
 	}
-	w := &blocker{c: c, it: it, keys: keys, typ: typ, try: try, done: make(chan struct{})}
+	w := &blocker{c: c, it: it, arrived: p.arrived, keys: keys, typ: typ, try: try, done: make(chan struct{})}
 	if s.blocked.add(w) {
 		// First in line for its keys: its own try, which no pass makes
 		// meanwhile (nor for a client behind it).
-		done := try(it, it.deadline, false)
-		s.blocked.tried(w, done)
+		done, tried := c.firstTry(w)
+		s.blocked.tried(w, done, tried)
 		if done {
 			s.serveBlocked(s.blocked.passes.Load()) // those behind it
 			return
@@ -168,14 +168,42 @@ func (c *conn) block(p *pipeline, slot int, keys [][]byte, typ shardkv.ValueType
 	}
 }
 
+// firstTry is a blocking command's own first try. It reads its keys
+// first, and pops only if one holds something (of any type: one of
+// another type answers WRONGTYPE) and no client that came before it has
+// queued on its keys meanwhile: a push sent just after this command may
+// be committed while that client's goroutine has not yet read its
+// command, and popping now would take the element ahead of it (Redis's
+// suite: "BRPOPLPUSH with multiple blocked clients"). The read gives
+// such a client the time to queue; if one did, this one leaves the pop
+// to a pass, which serves them in the order they came (tried false).
+func (c *conn) firstTry(w *blocker) (done, tried bool) {
+	rs, ok := c.readColls(w.it, w.keys, w.typ)
+	if !ok {
+		return true, true // it.out is the failure
+	}
+	found := false
+	for _, r := range rs {
+		found = found || r.Entry.Found
+	}
+	if !found {
+		return false, true
+	}
+	if !c.s.blocked.firstInLine(w) {
+		return false, false
+	}
+	return w.try(w.it, w.it.deadline, false), true
+}
+
 // blocker is a client in a blocking command.
 type blocker struct {
-	c    *conn
-	it   *item
-	keys [][]byte
-	typ  shardkv.ValueType
-	try  func(it *item, deadline time.Time, waited bool) bool
-	done chan struct{} // closed once served (it.out set)
+	c       *conn
+	it      *item
+	arrived time.Time // when its command reached the host (queued)
+	keys    [][]byte
+	typ     shardkv.ValueType
+	try     func(it *item, deadline time.Time, waited bool) bool
+	done    chan struct{} // closed once served (it.out set)
 	// Under blockQueue.mu: own, its own first try is running (no pass
 	// serves it, nor a client behind it on one of its keys); tried, it
 	// has had a try (a key of another type then no longer answers
@@ -193,16 +221,15 @@ type blockQueue struct {
 	passes atomic.Int64 // passes begun
 }
 
-// add queues w in the order commands were read (their deadlines count
-// from then), and reports whether it is alone on its keys (no client
-// queued shares one): it then makes its own first try (own), which it
-// reports with tried. Commands read within sameRead of each other go in
-// the order their connections were accepted, as Redis's one event loop
-// would mostly serve them: with two cores shared by the replicas, the
-// goroutine of the connection whose bytes came first may run hundreds of
-// microseconds after the other's. The order of commands that different
-// connections send at nearly the same time is still not Redis's
-// (docs/redis.md).
+// add queues w in the order commands reached the host (the kernel's
+// arrival stamps, connInput), as Redis's one event loop mostly serves
+// them: with two cores shared by the replicas, the goroutine of the
+// connection whose bytes came first may run milliseconds after the
+// other's, so the order commands are read in is not it. It reports
+// whether w is alone on its keys (no client queued shares one): it then
+// makes its own first try (own), which it reports with tried. A command
+// that arrives after a write that woke the clients on its keys still
+// comes after them, even if it was sent first (docs/redis.md).
 func (q *blockQueue) add(w *blocker) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -219,16 +246,33 @@ func (q *blockQueue) add(w *blocker) bool {
 	return first
 }
 
-// tried ends w's own try: served if done.
-func (q *blockQueue) tried(w *blocker, done bool) {
+// tried ends w's own try: served if done; tried false if it left its
+// try to a pass (firstTry).
+func (q *blockQueue) tried(w *blocker, done, tried bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	w.own, w.tried = false, true
+	w.own, w.tried = false, tried
 	if done {
 		w.served = true
 		close(w.done)
 		q.list = slices.DeleteFunc(q.list, func(o *blocker) bool { return o == w })
 	}
+}
+
+// firstInLine reports whether no client ahead of w in the queue shares
+// one of its keys.
+func (q *blockQueue) firstInLine(w *blocker) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, o := range q.list {
+		if o == w {
+			return true
+		}
+		if sharesKey(o, w) {
+			return false
+		}
+	}
+	return true
 }
 
 // remove takes w out of the queue unless it was served: false if it was.
@@ -248,15 +292,11 @@ func (q *blockQueue) served(w *blocker) bool {
 	return w.served
 }
 
-// sameRead: commands read closer together than this are ordered by
-// connection (see add).
-const sameRead = time.Millisecond
-
-// readAfter reports whether a goes after b in the queue (see add).
+// readAfter reports whether a goes after b in the queue (see add): it
+// arrived later, or at the same instant on a newer connection.
 func readAfter(a, b *blocker) bool {
-	d := a.it.deadline.Sub(b.it.deadline)
-	if d > sameRead || d < -sameRead {
-		return d > 0
+	if !a.arrived.Equal(b.arrived) {
+		return a.arrived.After(b.arrived)
 	}
 	return a.c.id > b.c.id
 }
@@ -381,17 +421,7 @@ func (s *Server) serveWoken(items []*item) {
 	q.mu.Lock()
 	hit := false
 	if len(q.list) > 0 { // else no work on the write path
-		keys := map[string]bool{}
-		for _, it := range items {
-			for _, op := range it.ops {
-				if op.Kind != shardkvpb.WriteOp_READ {
-					keys[string(op.Key)] = true
-					if op.Dest != nil {
-						keys[string(op.Dest)] = true
-					}
-				}
-			}
-		}
+		keys := writtenKeys(items)
 		for _, w := range q.list {
 			for _, k := range w.keys {
 				hit = hit || keys[string(k)]
@@ -402,6 +432,22 @@ func (s *Server) serveWoken(items []*item) {
 	if hit {
 		s.serveBlocked(q.passes.Load())
 	}
+}
+
+// writtenKeys: the keys a write batch's ops write.
+func writtenKeys(items []*item) map[string]bool {
+	keys := map[string]bool{}
+	for _, it := range items {
+		for _, op := range it.ops {
+			if op.Kind != shardkvpb.WriteOp_READ {
+				keys[string(op.Key)] = true
+				if op.Dest != nil {
+					keys[string(op.Dest)] = true
+				}
+			}
+		}
+	}
+	return keys
 }
 
 // serveOne tries w's pop if one of its keys holds its type (or, before

@@ -335,7 +335,7 @@ func (c *conn) run(cmds []queued) {
 			c.burst = burst{}
 		}
 		c.s.stats.commands.Add(1)
-		p.deadline, p.seq = cmd.deadline, cmd.seq
+		p.deadline, p.arrived, p.seq = cmd.deadline, cmd.arrived, cmd.seq
 		before := p.last
 		c.dispatch(p, cmd.args)
 		if !cmd.first || p.last == before {

@@ -224,7 +224,7 @@ func (c *conn) readKeysNow(it *item, keys [][]byte, follower bool, b *replyBound
 // deadline), its reply render's: the write's item, whose results the
 // caller may look at.
 func (c *conn) writeNow(it *item, deadline time.Time, ops []*shardkvpb.WriteOp, render func([]*shardkvpb.WriteResult) []byte) *item {
-	w := &item{slot: it.slot, ops: ops, deadline: deadline, seq: it.seq, onWrite: render}
+	w := &item{slot: it.slot, ops: ops, deadline: deadline, arrived: it.arrived, seq: it.seq, onWrite: render}
 	c.s.runWrites([]*item{w})
 	it.out = w.out
 	return w

@@ -57,6 +57,7 @@ type item struct {
 	started  time.Time // when it was dispatched
 	slot     int
 	deadline time.Time // when the reply is due (the command's)
+	arrived  time.Time // when the command reached the host (see queued)
 	seq      uint64    // the command's (see queued)
 	// charge is what was reserved in the server's output budget for this
 	// item's reply, and for replies before it (values read or returned for
@@ -99,7 +100,8 @@ type pipeline struct {
 	items    []*item // not yet in the outbox, in order
 	last     *item   // the last item added
 	deadline time.Time
-	seq      uint64 // the command being dispatched
+	arrived  time.Time // the command's (see queued)
+	seq      uint64    // the command being dispatched
 	// cmd, started: the command running now and since when (stamped on the
 	// items it adds, for its stats).
 	cmd     *command
@@ -122,7 +124,7 @@ type pipeline struct {
 }
 
 func (p *pipeline) add(it *item) {
-	it.deadline, it.seq = p.deadline, p.seq
+	it.deadline, it.arrived, it.seq = p.deadline, p.arrived, p.seq
 	it.cmd, it.started = p.cmd, p.started
 	p.items = append(p.items, it)
 	p.last = it

@@ -12,6 +12,9 @@ type queued struct {
 	// PipelineTimeout before. A command not yet proposed near it is refused
 	// as not executed; a proposed one is answered by then.
 	deadline time.Time
+	// arrived is when its bytes reached the host (connInput): the order
+	// of blocked clients (blockQueue).
+	arrived time.Time
 	// seq numbers the connection's commands from 1, in the order read.
 	seq uint64
 	// first marks the first command of a burst: it was read once the
@@ -56,7 +59,7 @@ func (q *cmdQueue) closeGone() { q.goneOnce.Do(func() { close(q.gone) }) }
 
 // push queues the commands of one read, waiting while the queue is full.
 // It reports false once the executor has stopped (QUIT, a failed write).
-func (q *cmdQueue) push(cmds [][][]byte, out *outbox, timeout time.Duration) bool {
+func (q *cmdQueue) push(cmds [][][]byte, out *outbox, timeout time.Duration, arrived time.Time) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for q.bytes >= q.max && !q.stopped {
@@ -73,7 +76,8 @@ func (q *cmdQueue) push(cmds [][][]byte, out *outbox, timeout time.Duration) boo
 	first := out.handed() == q.seq
 	for i, args := range cmds {
 		q.seq++
-		q.cmds = append(q.cmds, queued{args: args, seq: q.seq, deadline: now.Add(timeout), first: first && i == 0})
+		qc := queued{args: args, seq: q.seq, deadline: now.Add(timeout), arrived: arrived, first: first && i == 0}
+		q.cmds = append(q.cmds, qc)
 		for _, a := range args {
 			q.bytes += len(a) + 16
 		}
@@ -122,7 +126,7 @@ func (q *cmdQueue) waitDrained() {
 	}
 }
 
-// stop refuses further commands.
+// stop refuses further commands; those queued will not run.
 func (q *cmdQueue) stop() {
 	q.mu.Lock()
 	q.stopped = true

@@ -37,6 +37,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/shardkv"
@@ -332,6 +333,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.lns[ln] = struct{}{}
 	s.mu.Unlock()
+	stampArrivals(ln)
 	defer func() {
 		s.mu.Lock()
 		delete(s.lns, ln)
@@ -453,18 +455,37 @@ func (s *Server) clients() []*conn {
 }
 
 // connInput is a connection as the request reader reads it: each read
-// counts its bytes and, with an idle timeout, has a deadline.
+// counts its bytes and, with an idle timeout, has a deadline. It notes
+// when the last bytes it read arrived: the kernel's stamp where there is
+// one (stampArrivals), else the time of the read.
 type connInput struct {
-	nc    net.Conn
-	idle  time.Duration
-	stats *atomic.Int64
+	nc      net.Conn
+	rc      syscall.RawConn // nil: no arrival stamps
+	idle    time.Duration
+	stats   *atomic.Int64
+	arrived time.Time
 }
 
-func (ci connInput) Read(p []byte) (int, error) {
+func (ci *connInput) Read(p []byte) (int, error) {
 	if ci.idle > 0 {
 		_ = ci.nc.SetReadDeadline(time.Now().Add(ci.idle))
 	}
-	n, err := ci.nc.Read(p)
+	var (
+		n   int
+		at  time.Time
+		err error
+	)
+	if ci.rc != nil {
+		n, at, err = readStamped(ci.rc, p)
+	} else {
+		n, err = ci.nc.Read(p)
+	}
+	if n > 0 {
+		if at.IsZero() {
+			at = time.Now()
+		}
+		ci.arrived = at
+	}
 	ci.stats.Add(int64(n))
 	return n, err
 }
@@ -488,6 +509,7 @@ func (cw countingWriter) Write(p []byte) (int, error) {
 type conn struct {
 	s   *Server
 	nc  net.Conn
+	in  *connInput
 	rd  *reqReader
 	q   *cmdQueue // reader -> executor
 	out *outbox   // executor -> writer
@@ -523,7 +545,8 @@ func newConn(s *Server, nc net.Conn, id int64) *conn {
 		q: newCmdQueue(s.cfg.MaxQueuedBytes), out: newOutbox(s.cfg.MaxOutputBytes, s.outBudget), w: countingWriter{nc, &s.stats.out},
 		id: id, created: now, lastAt: now, sizes: map[string]int{}}
 	c.authed.Store(s.cfg.Password == "")
-	c.rd = newReqReader(connInput{nc, s.cfg.IdleTimeout, &s.stats.in}, c.limits(), s.budget)
+	c.in = &connInput{nc: nc, rc: stampArrivals(nc), idle: s.cfg.IdleTimeout, stats: &s.stats.in}
+	c.rd = newReqReader(c.in, c.limits(), s.budget)
 	return c
 }
 
@@ -565,7 +588,7 @@ func (c *conn) serve() {
 		for i, cmd := range cmds {
 			args[i] = cmd.Args // each command owns its bytes (reader.go)
 		}
-		if !c.q.push(args, c.out, c.s.cfg.PipelineTimeout) {
+		if !c.q.push(args, c.out, c.s.cfg.PipelineTimeout, c.in.arrived) {
 			return
 		}
 		if !c.authed.Load() {
