@@ -1012,12 +1012,7 @@ func TestZSetPopBounds(t *testing.T) {
 			}
 		default:
 			// A copy keeps the bounds; carry on with it.
-			to := fmt.Sprintf("{b}z%d", step)
-			what = "copy to " + to
-			h.write(op(shardkvpb.WriteOp_COPY, key, dest(to)))
-			if len(model) > 0 {
-				key = to
-			}
+			key, what = h.copyOn(key, fmt.Sprintf("{b}z%d", step), len(model) > 0)
 		}
 		var want []string
 		for _, m := range sorted() {
@@ -1150,12 +1145,7 @@ func TestSetPopBounds(t *testing.T) {
 				delete(model, string(v))
 			}
 		default:
-			to := fmt.Sprintf("{p}s%d", step)
-			what = "copy to " + to
-			h.write(op(shardkvpb.WriteOp_COPY, key, dest(to)))
-			if len(model) > 0 {
-				key = to
-			}
+			key, what = h.copyOn(key, fmt.Sprintf("{p}s%d", step), len(model) > 0)
 		}
 		// The whole set now and then (each pop is checked as it comes):
 		// reading a few thousand members every step made the test slow.
@@ -1167,4 +1157,14 @@ func TestSetPopBounds(t *testing.T) {
 	if large < 100 {
 		t.Fatalf("only %d pops from a set of more than %d members", large, smallSet)
 	}
+}
+
+// copyOn copies key to to and returns the key a model test goes on with
+// (the copy, if there was anything to copy) and the step's description.
+func (h *smHarness) copyOn(key, to string, nonEmpty bool) (string, string) {
+	h.write(op(shardkvpb.WriteOp_COPY, key, dest(to)))
+	if nonEmpty {
+		return to, "copy to " + to
+	}
+	return key, "copy to " + to
 }
