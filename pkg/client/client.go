@@ -202,7 +202,7 @@ func (c *Client) callGroup(ctx context.Context, key []byte, batch bool, f func(c
 				if owner, addr := shardkvpb.OwnerHint(err); owner != 0 && addr != "" {
 					c.rs.Hint(owner, addr)
 				}
-			case shardkvpb.ReasonInvalid, shardkvpb.ReasonTooLarge:
+			case shardkvpb.ReasonInvalid, shardkvpb.ReasonTooLarge, shardkvpb.ReasonNotAuthorized:
 				return err
 			case shardkvpb.ReasonResultForgotten:
 				return fmt.Errorf("%w: %v", ErrOutcomeUnknown, err)

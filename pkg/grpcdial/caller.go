@@ -114,7 +114,7 @@ func (c *Caller) Round(ctx context.Context, key uint64, addrs []string, opts Cal
 			return nil
 		}
 		last = err
-		if opts.Final != nil && opts.Final(err) {
+		if (opts.Final != nil && opts.Final(err)) || shardkvpb.Unauthorized(err) {
 			return err
 		}
 		if _, hint, ok := shardkvpb.LeaderHint(err); ok && hint != "" {
@@ -138,7 +138,7 @@ func (c *Caller) Call(ctx context.Context, key uint64, addrs []string, opts Call
 	b := opts.Backoff
 	for {
 		err := c.Round(ctx, key, addrs, opts, f)
-		if err == nil || errors.Is(err, ErrClosed) || errors.Is(err, ErrNoReplicas) || (opts.Final != nil && opts.Final(err)) {
+		if err == nil || errors.Is(err, ErrClosed) || errors.Is(err, ErrNoReplicas) || (opts.Final != nil && opts.Final(err)) || shardkvpb.Unauthorized(err) {
 			return err
 		}
 		opts.AfterRound(ctx, err)

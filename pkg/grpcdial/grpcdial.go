@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -43,7 +44,14 @@ const MaxCallMessageBytes = 128 << 20
 
 // Options are the default dial options: plaintext, fast reconnects, and
 // messages as large as the largest value.
-func Options() []grpc.DialOption {
-	return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), Reconnect(),
+func Options() []grpc.DialOption { return OptionsWith(nil) }
+
+// OptionsWith are Options with creds (mutual TLS: pkg/mtls) in place of
+// plaintext; nil is plaintext.
+func OptionsWith(creds credentials.TransportCredentials) []grpc.DialOption {
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	return []grpc.DialOption{grpc.WithTransportCredentials(creds), Reconnect(),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxCallMessageBytes), grpc.MaxCallSendMsgSize(MaxCallMessageBytes))}
 }

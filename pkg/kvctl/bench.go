@@ -88,7 +88,7 @@ func cmdBench(k *kvctl, args []string) error {
 	// Each worker is its own client (own session and connections).
 	cls := make([]*client.Client, *clients)
 	for i := range cls {
-		c, err := client.New(k.ctrlerAddrs)
+		c, err := client.New(k.ctrlerAddrs, k.dial...)
 		if err != nil {
 			return err
 		}

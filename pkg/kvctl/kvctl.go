@@ -26,7 +26,9 @@ import (
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
 	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/localstate"
+	"github.com/shardkv/shardkv/pkg/mtls"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"google.golang.org/grpc"
 )
 
 // Exit codes.
@@ -39,6 +41,9 @@ const (
 
 // EnvCtrler names the environment variable holding the controller addresses.
 const EnvCtrler = "SHARDKV_CTRLER"
+
+// EnvTLSDir names the environment variable holding --tls-dir.
+const EnvTLSDir = "SHARDKV_TLS_DIR"
 
 // DefaultTimeout bounds one command (one operation, for bench).
 const DefaultTimeout = 10 * time.Second
@@ -80,6 +85,8 @@ func init() {
 		{"member add", "<id> <addr> (--group <gid>|ctrler | --server <addr>)", "add replica id (started with --join) as a learner", cmdMemberAdd},
 		{"member promote", "<id> (--group <gid>|ctrler | --server <addr>) [--update-config=true]", "make learner id a voter", cmdMemberPromote},
 		{"member remove", "<id> (--group <gid>|ctrler | --server <addr>) [--update-config=true]", "remove replica id from its group", cmdMemberRemove},
+		{"cert ca", "--out=DIR [--name=shardkv] [--validity=87600h]", "make a cluster CA: DIR/ca.crt and DIR/ca.key (keep the key secret)", cmdCertCA},
+		{"cert issue", "<identity> --ca=DIR --out=DIR [--hosts=NAME,IP,...] [--validity=8760h]", "issue a certificate from the CA in --ca: identity is ctrler, group/<gid>, admin[/name] or client[/name]; writes tls.crt, tls.key, ca.crt", cmdCertIssue},
 		{"transfer-leader", "<id> (--group <gid>|ctrler | --server <addr>)", "make replica id the group's leader", cmdTransferLeader},
 	}
 }
@@ -100,6 +107,9 @@ const globalUsage = `Global flags (before or after the command):
   --ctrler=HOST:PORT[,...]  controller replicas (default: $SHARDKV_CTRLER, else ~/.shardkv/local.json)
   --json                    print JSON instead of tables (schemas: docs/kvctl.md)
   --timeout=10s             deadline of the command (of each operation, for bench)
+  --tls-dir=DIR             mutual TLS: DIR holds tls.crt, tls.key (an admin or client
+                            certificate) and ca.crt (default: $SHARDKV_TLS_DIR, else
+                            what 'node local --tls' recorded; see 'kvctl cert')
 
 Use -- to end flags, e.g. kvctl put k -- -v. Exit codes: 0 ok, 1 error, 2 usage, 3 key not found.
 `
@@ -175,11 +185,13 @@ type kvctl struct {
 	json           bool
 	timeout        time.Duration
 	ctrlerFlag     string
+	tlsFlag        string
 
 	ctrlerAddrs  []string
 	ctrlerSource string // where the addresses came from, for error messages
 
-	pool *grpcdial.Pool // connections to single replicas
+	pool *grpcdial.Pool    // connections to single replicas
+	dial []grpc.DialOption // plaintext, or mutual TLS (--tls-dir)
 
 	mu   sync.Mutex
 	ctrl *ctrlerclient.Client
@@ -189,13 +201,14 @@ type kvctl struct {
 // Run runs kvctl with args (without the program name) and returns the exit
 // code.
 func Run(args []string, stdout, stderr io.Writer) int {
-	k := &kvctl{stdout: stdout, stderr: stderr, pool: grpcdial.NewPool()}
+	k := &kvctl{stdout: stdout, stderr: stderr}
 	defer k.close()
 
 	gfs := flag.NewFlagSet("kvctl", flag.ContinueOnError)
 	gfs.StringVar(&k.ctrlerFlag, "ctrler", "", "")
 	gfs.BoolVar(&k.json, "json", false, "")
 	gfs.DurationVar(&k.timeout, "timeout", DefaultTimeout, "")
+	gfs.StringVar(&k.tlsFlag, "tls-dir", "", "")
 	help := false
 	gfs.BoolVar(&help, "h", false, "")
 	gfs.BoolVar(&help, "help", false, "")
@@ -232,9 +245,10 @@ func Run(args []string, stdout, stderr io.Writer) int {
 		writeUsage(stdout)
 		return ExitOK
 	}
-	if name == "member" {
+	if name == "member" || name == "cert" {
 		if len(rest) == 0 || strings.HasPrefix(rest[0], "-") {
-			return k.fail(usagef(nil, "member needs a subcommand: list, add, promote or remove"))
+			subs := map[string]string{"member": "list, add, promote or remove", "cert": "ca or issue"}
+			return k.fail(usagef(nil, "%s needs a subcommand: %s", name, subs[name]))
 		}
 		name += " " + rest[0]
 		rest = rest[1:]
@@ -246,6 +260,9 @@ func Run(args []string, stdout, stderr io.Writer) int {
 	if help {
 		fmt.Fprintf(stdout, "usage: kvctl %s\n  %s\n\n%s", c.synopsis(), c.about, globalUsage)
 		return ExitOK
+	}
+	if err := k.setupDial(); err != nil {
+		return k.fail(err)
 	}
 	err = c.run(k, rest)
 	var ue *usageError
@@ -289,13 +306,19 @@ func (k *kvctl) fail(err error) int {
 		return ExitNotFound
 	}
 	fmt.Fprintf(k.stderr, "kvctl: %s\n", oneLine(err))
+	if k.tlsDir() == "" && strings.Contains(err.Error(), "error reading server preface") {
+		// A TLS server closes a plaintext connection at once.
+		fmt.Fprintf(k.stderr, "kvctl: the servers closed the connection: if the cluster serves mutual TLS, pass --tls-dir (or set %s)\n", EnvTLSDir)
+	}
 	return ExitError
 }
 
 func (k *kvctl) close() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.pool.Close()
+	if k.pool != nil {
+		k.pool.Close()
+	}
 	if k.ctrl != nil {
 		k.ctrl.Close()
 	}
@@ -443,6 +466,7 @@ func (k *kvctl) resolveCtrler() ([]string, error) {
 		}
 		k.ctrlerAddrs = st.Ctrler
 		k.ctrlerSource = path
+
 		if st.PID > 0 && !processAlive(st.PID) {
 			k.ctrlerSource = fmt.Sprintf("%s, written by 'node local' pid %d, which is no longer running", path, st.PID)
 		}
@@ -492,7 +516,7 @@ func (k *kvctl) ctrler() (*ctrlerclient.Client, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.ctrl == nil {
-		if k.ctrl, err = ctrlerclient.New(addrs); err != nil {
+		if k.ctrl, err = ctrlerclient.New(addrs, k.dial...); err != nil {
 			return nil, err
 		}
 	}
@@ -507,7 +531,7 @@ func (k *kvctl) dataClient() (*client.Client, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.data == nil {
-		if k.data, err = client.New(addrs); err != nil {
+		if k.data, err = client.New(addrs, k.dial...); err != nil {
 			return nil, err
 		}
 		k.data.AttemptTimeout = min(k.data.AttemptTimeout, k.timeout)
@@ -592,4 +616,43 @@ func parseUint(what, s string) (uint64, error) {
 		return 0, usagef(nil, "%s must be a non-negative integer, not %q", what, s)
 	}
 	return v, nil
+}
+
+// tlsDir is --tls-dir, else $SHARDKV_TLS_DIR, else the local cluster's
+// (only when its controller addresses are used, so that a --ctrler of
+// another cluster never picks up the local certificates).
+func (k *kvctl) tlsDir() string {
+	switch {
+	case k.tlsFlag != "":
+		return k.tlsFlag
+	case os.Getenv(EnvTLSDir) != "":
+		return os.Getenv(EnvTLSDir)
+	case k.ctrlerFlag != "" || os.Getenv(EnvCtrler) != "":
+		return ""
+	}
+	b, err := os.ReadFile(LocalStatePath())
+	if err != nil {
+		return ""
+	}
+	var st LocalState
+	if json.Unmarshal(b, &st) != nil {
+		return ""
+	}
+	return st.TLSDir
+}
+
+// setupDial loads the TLS files, if any, and opens the connection pool.
+// The replicas kvctl dials must name themselves as replicas; what kvctl
+// may do is up to its certificate (admin or client).
+func (k *kvctl) setupDial() error {
+	k.dial = grpcdial.Options()
+	if dir := k.tlsDir(); dir != "" {
+		src, err := mtls.Load(mtls.FilesIn(dir), nil)
+		if err != nil {
+			return fmt.Errorf("--tls-dir=%s: %w", dir, err)
+		}
+		k.dial = grpcdial.OptionsWith(src.ClientCredentials(mtls.AnyNode))
+	}
+	k.pool = grpcdial.NewPool(k.dial...)
+	return nil
 }

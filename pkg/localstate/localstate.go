@@ -13,6 +13,9 @@ type State struct {
 	Ctrler  []string `json:"ctrler"`
 	DataDir string   `json:"data_dir"`
 	PID     int      `json:"pid"`
+	// TLSDir holds an admin certificate when the cluster serves mutual
+	// TLS (node local --tls).
+	TLSDir string `json:"tls_dir,omitempty"`
 }
 
 // Path is ~/.shardkv/local.json (under the temp dir if there is no home).

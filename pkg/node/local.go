@@ -37,7 +37,10 @@ type LocalOptions struct {
 	RESP           bool   `json:"resp"`
 	Shards         int    `json:"shards"`
 	Placement      string `json:"placement"`
-	LogLevel       string `json:"-"`
+	// TLS: mutual TLS everywhere, with a CA and certificates made under
+	// DataDir/tls (localtls.go).
+	TLS      bool   `json:"tls"`
+	LogLevel string `json:"-"`
 	// MigrateBytesPerSec is passed to every data group (node serve).
 	MigrateBytesPerSec int64 `json:"-"`
 	// ReportEvery is passed to every data group (node serve).
@@ -66,6 +69,7 @@ func ParseLocal(args []string, stderr io.Writer) (*LocalOptions, error) {
 	fs.Int64Var(&o.MigrateBytesPerSec, "migrate-bytes-per-sec", 0, "every data group's copy rate limit, bytes/s (0: none)")
 	fs.DurationVar(&o.ReportEvery, "report-every", 0, "how often every data group's leader reports to the controller (0: 500ms)")
 	fs.BoolVar(&o.PProf, "pprof", false, "every process serves Go's profiler under /debug/pprof/ on its HTTP port")
+	fs.BoolVar(&o.TLS, "tls", false, "mutual TLS on every gRPC connection and HTTPS on the HTTP ports, with a CA and certificates made under --data-dir/tls (fixed when the cluster is created); kvctl finds the admin certificate")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
@@ -135,6 +139,7 @@ func (o *LocalOptions) reconcileDisk() (resumed bool, err error) {
 	check("resp", o.RESP, disk.RESP, func() { o.RESP = disk.RESP })
 	check("shards", o.Shards, disk.Shards, func() { o.Shards = disk.Shards })
 	check("placement", o.Placement, disk.Placement, func() { o.Placement = disk.Placement })
+	check("tls", o.TLS, disk.TLS, func() { o.TLS = disk.TLS })
 	if len(bad) > 0 {
 		return true, fmt.Errorf("%s holds a cluster created with other settings; these flags contradict it: %s. Drop them to resume it, or use another --data-dir",
 			o.DataDir, strings.Join(bad, ", "))
@@ -200,6 +205,7 @@ func (o *LocalOptions) layout() (ctrl []*proc, groups map[uint64][]*proc) {
 		if o.PProf {
 			p.args = append(p.args, "--pprof")
 		}
+		p.args = append(p.args, o.tlsArgs(p)...)
 	}
 	for gid, ps := range groups {
 		for _, p := range ps {
@@ -218,6 +224,7 @@ func (o *LocalOptions) layout() (ctrl []*proc, groups map[uint64][]*proc) {
 			if o.PProf {
 				p.args = append(p.args, "--pprof")
 			}
+			p.args = append(p.args, o.tlsArgs(p)...)
 		}
 	}
 	return ctrl, groups
@@ -252,7 +259,14 @@ func RunLocal(ctx context.Context, o *LocalOptions, out io.Writer, log *slog.Log
 		ctrlAddrs = append(ctrlAddrs, p.grpc)
 	}
 	absDir, _ := filepath.Abs(o.DataDir)
-	if b, err := json.MarshalIndent(LocalState{Ctrler: ctrlAddrs, DataDir: absDir, PID: os.Getpid()}, "", "  "); err == nil {
+	state := LocalState{Ctrler: ctrlAddrs, DataDir: absDir, PID: os.Getpid()}
+	if o.TLS {
+		if err := o.makeCerts(all); err != nil {
+			return fmt.Errorf("--tls: %w", err)
+		}
+		state.TLSDir, _ = filepath.Abs(o.adminTLSDir())
+	}
+	if b, err := json.MarshalIndent(state, "", "  "); err == nil {
 		os.MkdirAll(filepath.Dir(LocalStatePath()), 0o750)
 		os.WriteFile(LocalStatePath(), append(b, '\n'), 0o640)
 	}
@@ -370,7 +384,11 @@ func pid(c *exec.Cmd) int {
 // bringUp waits for the controller, joins the groups that are not joined
 // yet (first run), and waits until every shard is served.
 func bringUp(ctx context.Context, o *LocalOptions, ctrlAddrs []string, groups map[uint64][]*proc, out io.Writer) error {
-	cl, err := ctrlerclient.New(ctrlAddrs)
+	dial, err := o.adminDialOptions()
+	if err != nil {
+		return err
+	}
+	cl, err := ctrlerclient.New(ctrlAddrs, dial...)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/ctrler/placement"
+	"github.com/shardkv/shardkv/pkg/mtls"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/routing"
 	"github.com/shardkv/shardkv/pkg/shardkv"
@@ -59,6 +60,15 @@ type Options struct {
 	// default: a profile shows internals and costs CPU while it runs.
 	PProf    bool
 	LogLevel string
+
+	// TLS: mutual TLS on every gRPC connection, served and dialed, when
+	// set (docs/security.md).
+	TLS mtls.Files
+	// HTTPTokenFile holds a bearer token that opens the HTTP endpoints.
+	HTTPTokenFile string
+	// HTTPOpen are the HTTP paths served without a token or an admin
+	// certificate once either is configured.
+	HTTPOpen []string
 }
 
 // EnvPrefix: every flag can also come from SHARDKV_<FLAG> (upper case, '-'
@@ -124,6 +134,12 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.HTTP, "http", "", "host:port for /healthz, /readyz and /metrics")
 	fs.BoolVar(&o.PProf, "pprof", false, "also serve Go's profiler under /debug/pprof/ on --http (unauthenticated: only where --http is private)")
 	fs.StringVar(&o.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.TLS.Cert, "tls-cert", "", "PEM certificate from the cluster CA naming this replica (urn:shardkv:ctrler or urn:shardkv:group:<gid>); with --tls-key and --tls-ca turns on mutual TLS for all gRPC; re-read when it changes")
+	fs.StringVar(&o.TLS.Key, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&o.TLS.CA, "tls-ca", "", "PEM bundle of the CAs every peer's certificate must chain to")
+	fs.StringVar(&o.HTTPTokenFile, "http-token-file", "", "file holding a bearer token that opens --http's endpoints (an admin client certificate does too, with TLS on); re-read when it changes")
+	var open string
+	fs.StringVar(&open, "http-open", "/healthz", "with TLS or --http-token-file on: comma-separated --http paths served to anyone (for example /healthz,/readyz for the kubelet's probes)")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
 	}
@@ -132,6 +148,7 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 		return nil, fmt.Errorf("--peers: %w", err)
 	}
 	o.Ctrler = splitList(ctrler)
+	o.HTTPOpen = splitList(open)
 	return o, o.validate()
 }
 
@@ -210,6 +227,14 @@ func (o *Options) validate() error {
 	}
 	if o.DataDir == "" {
 		return errors.New("--data-dir is required")
+	}
+	if err := o.TLS.Validate(); err != nil {
+		return fmt.Errorf("--tls-cert, --tls-key, --tls-ca: %w", err)
+	}
+	for _, p := range o.HTTPOpen {
+		if !strings.HasPrefix(p, "/") {
+			return fmt.Errorf("--http-open: %q is not a path (want /healthz,/readyz,...)", p)
+		}
 	}
 	if o.Listen == "" {
 		return errors.New("--listen is required")

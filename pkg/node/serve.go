@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -25,6 +26,7 @@ import (
 	"github.com/shardkv/shardkv/pkg/ctrler"
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
 	"github.com/shardkv/shardkv/pkg/grpcdial"
+	"github.com/shardkv/shardkv/pkg/mtls"
 	"github.com/shardkv/shardkv/pkg/raftgroup"
 	"github.com/shardkv/shardkv/pkg/resp"
 	"github.com/shardkv/shardkv/pkg/shardkv"
@@ -117,7 +119,7 @@ func checkIdentity(o *Options, log *slog.Logger) (fresh bool, err error) {
 //   - otherwise (a scale-out pod, or a lost disk) it takes a fresh random id
 //     and starts empty as a joiner, waiting to be added (the operator adds
 //     it as a learner and removes the old id).
-func resolveAutoID(ctx context.Context, o *Options, groupID uint64, log *slog.Logger) error {
+func resolveAutoID(ctx context.Context, o *Options, groupID uint64, sec *security, log *slog.Logger) error {
 	b, err := os.ReadFile(filepath.Join(o.DataDir, "node.json"))
 	switch {
 	case err == nil:
@@ -141,7 +143,7 @@ func resolveAutoID(ctx context.Context, o *Options, groupID uint64, log *slog.Lo
 			continue
 		}
 		o.ID = p.ID
-		err := checkNotRebootstrapping(ctx, o, groupID, true)
+		err := checkNotRebootstrapping(ctx, o, groupID, true, sec)
 		if err == nil {
 			log.Info("--id=auto: bootstrapping as an initial member", "id", o.ID)
 			return nil
@@ -172,12 +174,12 @@ func resolveAutoID(ctx context.Context, o *Options, groupID uint64, log *slog.Lo
 // fresh id, which costs one membership change, never safety. Without strict,
 // only a group that has run past its bootstrap entries is taken as existing,
 // so a group whose replicas start one after another (node local) forms.
-func checkNotRebootstrapping(ctx context.Context, o *Options, groupID uint64, strict bool) error {
+func checkNotRebootstrapping(ctx context.Context, o *Options, groupID uint64, strict bool, sec *security) error {
 	for _, p := range o.Peers {
 		if p.ID == o.ID {
 			continue
 		}
-		conn, err := grpc.NewClient(grpcdial.Target(p.Addr), grpcdial.Options()...)
+		conn, err := grpc.NewClient(grpcdial.Target(p.Addr), sec.dialOptions(sec.member())...)
 		if err != nil {
 			continue
 		}
@@ -264,8 +266,12 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 	if o.Role == "group" {
 		groupID = o.Group
 	}
+	sec, err := loadSecurity(o, log)
+	if err != nil {
+		return nil, err
+	}
 	if o.IDAuto {
-		if err := resolveAutoID(ctx, o, groupID, log); err != nil {
+		if err := resolveAutoID(ctx, o, groupID, sec, log); err != nil {
 			return nil, err
 		}
 	}
@@ -278,7 +284,7 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 		return nil, err
 	}
 	if fresh && !o.Join && len(o.Peers) > 0 {
-		if err := checkNotRebootstrapping(ctx, o, groupID, false); err != nil {
+		if err := checkNotRebootstrapping(ctx, o, groupID, false, sec); err != nil {
 			os.Remove(filepath.Join(o.DataDir, "node.json"))
 			return nil, err
 		}
@@ -294,7 +300,8 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 	cfg := raftgroup.Config{GroupID: groupID, ID: o.ID, Addr: o.Advertise,
 		Dir: filepath.Join(o.DataDir, "raft"), Peers: o.Peers, Join: o.Join, Logger: log,
 		SnapshotEntries: o.SnapshotEntries, TrailingEntries: o.TrailingEntries,
-		MaxCommandBytes: max(raftgroup.DefaultMaxCommandBytes, shardkv.EntryBytesFor(o.MaxValueBytes, shardkv.DefaultMaxKeyBytes))}
+		MaxCommandBytes: max(raftgroup.DefaultMaxCommandBytes, shardkv.EntryBytesFor(o.MaxValueBytes, shardkv.DefaultMaxKeyBytes)),
+		PeerCredentials: sec.creds(sec.member())}
 	if o.RESPAdvertise != "" {
 		// The engine knows no Redis: it reports the address it is given in
 		// its Admin status, where kvctl looks it up for a join.
@@ -312,21 +319,25 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 		lis.Close()
 		return nil, err
 	}
-	n.grpc = grpc.NewServer(append(raftgroup.ServerOptionsFor(cfg.MaxCommandBytes), grpc.ChainUnaryInterceptor(n.errs.unary, n.trackUnary), grpc.ChainStreamInterceptor(n.errs.stream, n.trackStream))...)
+	secOpts, secUnary, secStream := sec.serverOptions()
+	n.grpc = grpc.NewServer(append(append(raftgroup.ServerOptionsFor(cfg.MaxCommandBytes), secOpts...),
+		grpc.ChainUnaryInterceptor(append(secUnary, n.errs.unary, n.trackUnary)...),
+		grpc.ChainStreamInterceptor(append(secStream, n.errs.stream, n.trackStream)...))...)
 	n.replica.RegisterGRPC(n.grpc)
 	bg, cancel := context.WithCancel(context.Background())
 	n.bgCancel = cancel
+	go sec.run(bg)
 	if o.Role == "ctrler" {
 		srv := ctrler.NewServer(ctrler.ServerConfig{Shards: o.Shards, Placement: o.Placement, Logger: log}, n.replica, n.ctrlSM)
 		srv.Register(n.grpc)
 		n.stop = append(n.stop, srv.Stop)
 	} else {
-		if n.ctrl, err = ctrlerclient.New(o.Ctrler); err != nil {
+		if n.ctrl, err = ctrlerclient.New(o.Ctrler, sec.dialOptions(mtls.Exactly(mtls.Identity{Role: mtls.RoleCtrler}))...); err != nil {
 			n.replica.Close()
 			lis.Close()
 			return nil, err
 		}
-		n.group = shardkv.NewGroup(shardkv.GroupConfig{Ctrler: n.ctrl, TrackLeaders: o.RESP != "", MaxValueBytes: o.MaxValueBytes,
+		n.group = shardkv.NewGroup(shardkv.GroupConfig{Ctrler: n.ctrl, DialOptions: sec.dialOptions(mtls.AnyGroup), TrackLeaders: o.RESP != "", MaxValueBytes: o.MaxValueBytes,
 			MigrateBytesPerSec: o.MigrateBytesPerSec, ReportEvery: o.ReportEvery, Logger: log}, n.replica, n.groupSM)
 		n.group.Register(n.grpc)
 		n.stop = append(n.stop, n.group.Stop, func() { n.ctrl.Close() })
@@ -359,6 +370,7 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 		reg := prometheus.NewRegistry()
 		reg.MustRegister(&collector{n: n})
 		mux := http.NewServeMux()
+		guard := newHTTPGuard(o, sec != nil, log)
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 		mux.HandleFunc("/readyz", n.readyz)
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -367,7 +379,13 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		}
-		n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		n.http = &http.Server{Handler: guard.wrap(mux), ReadHeaderTimeout: 5 * time.Second}
+		if sec != nil {
+			// HTTPS with the replica's certificate; a client certificate
+			// is optional (the kubelet's probes have none) and, if from an
+			// admin, opens every path.
+			hl = tls.NewListener(hl, sec.src.ServerConfig(tls.VerifyClientCertIfGiven))
+		}
 		go n.http.Serve(hl)
 	}
 	log.Info("replica serving", "listen", o.Listen, "advertise", o.Advertise, "http", o.HTTP, "fresh", fresh, "join", o.Join)

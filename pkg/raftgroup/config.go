@@ -7,6 +7,7 @@ import (
 
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/grpc/credentials"
 )
 
 // Peer is a member of the group: its replica id and advertised gRPC address.
@@ -63,6 +64,11 @@ type Config struct {
 	// messages: create it with ServerOptionsFor(MaxCommandBytes). Every
 	// replica of a group should have the same limit.
 	MaxCommandBytes int
+
+	// PeerCredentials secure the connections this replica dials to its
+	// peers (mutual TLS: pkg/mtls); nil is plaintext. The server side is
+	// the process's gRPC server, which the caller builds.
+	PeerCredentials credentials.TransportCredentials
 
 	// Now is this replica's wall clock (default time.Now): the time it
 	// reports to its peers and, leading, the group's time it stamps log

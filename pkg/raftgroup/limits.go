@@ -4,6 +4,9 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/shardkv/shardkv/pkg/grpcdial"
 )
 
 // Size limits of one replica. One proposed command is one Raft entry, which
@@ -46,6 +49,15 @@ func ServerOptionsFor(maxCommandBytes int) []grpc.ServerOption {
 
 // callOptions are the per-call options of the replica's own connections to
 // its peers (Raft batches, snapshot chunks).
+// dialPeer opens a connection to a peer replica at addr.
+func (r *Replica) dialPeer(addr string) (*grpc.ClientConn, error) {
+	creds := r.cfg.PeerCredentials
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	return grpc.NewClient(grpcdial.Target(addr), grpc.WithTransportCredentials(creds), grpcdial.Reconnect(), r.callOptions())
+}
+
 func (r *Replica) callOptions() grpc.DialOption {
 	n := MessageBytesFor(r.cfg.MaxCommandBytes)
 	return grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(n), grpc.MaxCallRecvMsgSize(n))

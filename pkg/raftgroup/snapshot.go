@@ -16,13 +16,10 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/shardkv/shardkv/internal/durable"
-	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -99,7 +96,7 @@ func (t *transport) sendSnapshot(m *pb.Message) error {
 	if view.Index() < m.GetSnapshot().GetMetadata().GetIndex() {
 		return fmt.Errorf("state machine view at %d is behind snapshot marker %d", view.Index(), m.GetSnapshot().GetMetadata().GetIndex())
 	}
-	conn, err := grpc.NewClient(grpcdial.Target(addr), grpc.WithTransportCredentials(insecure.NewCredentials()), grpcdial.Reconnect(), r.callOptions())
+	conn, err := r.dialPeer(addr)
 	if err != nil {
 		return err
 	}

@@ -8,13 +8,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/shardkv/shardkv/pkg/grpcdial"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -188,8 +185,7 @@ func (p *peerSender) stream() error {
 			return nil
 		}
 	}
-	conn, err := grpc.NewClient(grpcdial.Target(addr),
-		grpc.WithTransportCredentials(insecure.NewCredentials()), grpcdial.Reconnect(), r.callOptions())
+	conn, err := r.dialPeer(addr)
 	if err != nil {
 		return fmt.Errorf("dial %s: %w", addr, err)
 	}

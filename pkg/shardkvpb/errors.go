@@ -46,6 +46,10 @@ const (
 	// because the new owner's own replicas, asked by the old owner, do not
 	// confirm they hold the shard; the old copy is kept.
 	ReasonNotInstalled = "NOT_INSTALLED"
+	// ReasonNotAuthorized (PermissionDenied): with mutual TLS on, the
+	// caller's certificate does not allow this call (docs/security.md);
+	// nothing was done, and no replica will answer otherwise.
+	ReasonNotAuthorized = "NOT_AUTHORIZED"
 
 	errorDomain = "shardkv.io"
 )
@@ -250,3 +254,7 @@ func Retryable(err error) bool {
 	}
 	return false
 }
+
+// Unauthorized reports whether err is a refusal of the caller's identity:
+// retrying, or asking another replica, cannot help.
+func Unauthorized(err error) bool { return Reason(err) == ReasonNotAuthorized }
