@@ -86,7 +86,7 @@ func parseWorkload(k *kvctl, args []string) (*workloadArgs, error) {
 	if err != nil {
 		return nil, err
 	}
-	w.cfg.Ctrler = addrs
+	w.cfg.Ctrler, w.cfg.Dial = addrs, k.dial
 	return w, nil
 }
 

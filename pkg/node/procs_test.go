@@ -415,8 +415,11 @@ func nodesUnder(dir string) []int {
 
 // --- cluster queries ---
 
-func adminStatus(ctx context.Context, addr string) (*shardkvpb.MemberStatus, error) {
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func adminStatus(ctx context.Context, addr string, dial ...grpc.DialOption) (*shardkvpb.MemberStatus, error) {
+	if len(dial) == 0 {
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	cc, err := grpc.NewClient(addr, dial...)
 	if err != nil {
 		return nil, err
 	}
@@ -428,10 +431,10 @@ func adminStatus(ctx context.Context, addr string) (*shardkvpb.MemberStatus, err
 
 // groupLeader finds data group gid's leader from the controller's status
 // reports, confirmed by the replica's own Admin.Status; it returns the
-// leader's address and term.
-func groupLeader(t *testing.T, ctrl []string, gid uint64, timeout time.Duration) (string, uint64) {
+// leader's address and term. dial: how to dial (default: plaintext).
+func groupLeader(t *testing.T, ctrl []string, gid uint64, timeout time.Duration, dial ...grpc.DialOption) (string, uint64) {
 	t.Helper()
-	cl, err := ctrlerclient.New(ctrl)
+	cl, err := ctrlerclient.New(ctrl, dial...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,7 +449,7 @@ func groupLeader(t *testing.T, ctrl []string, gid uint64, timeout time.Duration)
 				if g.Report.GetGid() != gid || g.Report.LeaderAddr == "" {
 					continue
 				}
-				ms, err := adminStatus(ctx, g.Report.LeaderAddr)
+				ms, err := adminStatus(ctx, g.Report.LeaderAddr, dial...)
 				if err == nil && ms.Role == "leader" && ms.GroupId == gid {
 					cancel()
 					return g.Report.LeaderAddr, ms.Term

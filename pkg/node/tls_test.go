@@ -3,12 +3,15 @@ package node_test
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,8 +21,10 @@ import (
 
 	"github.com/shardkv/shardkv/pkg/client"
 	"github.com/shardkv/shardkv/pkg/grpcdial"
+	"github.com/shardkv/shardkv/pkg/kvcheck"
 	"github.com/shardkv/shardkv/pkg/mtls"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
+	"github.com/shardkv/shardkv/pkg/workload"
 )
 
 // tlsCluster is a `node local --tls` cluster and certificates for test
@@ -364,4 +369,179 @@ func TestTLSRefusesUnauthorizedCalls(t *testing.T) {
 
 func credentialsNewTLS(cfg *tls.Config) credentials.TransportCredentials {
 	return credentials.NewTLS(cfg)
+}
+
+// rewriteTLS rewrites every TLS dir of the cluster (each process's, the
+// admin's) and extra: the CA bundle becomes bundle and, if issuer is set,
+// each certificate is reissued by it for the same identity.
+func (c *tlsCluster) rewriteTLS(t *testing.T, bundle []byte, issuer *mtls.CA, extra ...mtls.Files) {
+	t.Helper()
+	dirs, err := filepath.Glob(filepath.Join(c.dataDir, "tls", "*", "tls.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []mtls.Files
+	for _, d := range dirs {
+		all = append(all, mtls.FilesIn(filepath.Dir(d)))
+	}
+	for _, f := range append(all, extra...) {
+		crt, err1 := os.ReadFile(f.Cert)
+		key, err2 := os.ReadFile(f.Key)
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		if issuer != nil {
+			pair, err := tls.X509KeyPair(crt, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			leaf, err := x509.ParseCertificate(pair.Certificate[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, err := mtls.IdentityOf(leaf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if crt, key, err = issuer.Issue(mtls.Request{Identity: id, Hosts: []string{"127.0.0.1", "localhost"}, Validity: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := mtls.WriteFiles(f, crt, key, bundle); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// servedIssuer is the issuer of the certificate the replica at addr
+// presents to a new connection now.
+func servedIssuer(t *testing.T, addr string, as mtls.Files) string {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(as.Cert, as.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr,
+		&tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{pair}, NextProtos: []string{"h2"}}) //nolint:gosec // only the issuer is read
+	if err != nil {
+		t.Fatalf("TLS dial %s: %v", addr, err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].Issuer.CommonName
+}
+
+// TestTLSRotationUnderLoad rotates the cluster's CA and every certificate
+// while a porcupine-checked workload runs, through the documented steps:
+// trust both CAs, reissue every certificate from the new one, drop the
+// old. No process restarts for it: each presents the new certificate to
+// new connections and refuses the old CA once it is dropped. Then the
+// leader of a group and a controller replica are killed and restarted, so
+// that connections are made afresh under the new CA alone. Zero failed
+// operations are allowed.
+func TestTLSRotationUnderLoad(t *testing.T) {
+	needProcesses(t)
+	c := startTLSLocal(t, 9, "--groups=2", "--replicas=3", "--ctrler-replicas=3", "--spare-groups=0", "--shards=16")
+	clientFiles := c.files(t, "client/app", mtls.Request{})
+	clientSrc, err := mtls.Load(clientFiles, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldAdmin := c.files(t, "admin/old", mtls.Request{})
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	logs := newLineBuf()
+	type outcome struct {
+		res *kvcheck.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := workload.Run(ctx, workload.Config{Ctrler: c.ctrl, Dial: grpcdial.OptionsWith(clientSrc.ClientCredentials(mtls.AnyNode)),
+			Clients: 4, Keys: 8, Prefix: "rotate", OpTimeout: 30 * time.Second, Rate: 25},
+			workload.RunOptions{Check: true, CheckTimeout: 3 * time.Minute}, logs)
+		done <- outcome{res, err}
+	}()
+	time.Sleep(3 * time.Second)
+
+	const reloaded = 7 * time.Second // the processes re-read their files every 5s
+	newCA, err := mtls.NewCA("rotated CA", 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldPEM := c.ca.CertPEM()
+	t.Log("step 1: every process trusts both CAs")
+	c.rewriteTLS(t, append(append([]byte{}, oldPEM...), newCA.CertPEM()...), nil, clientFiles)
+	time.Sleep(reloaded)
+	t.Log("step 2: every certificate reissued by the new CA")
+	c.rewriteTLS(t, append(append([]byte{}, oldPEM...), newCA.CertPEM()...), newCA, clientFiles)
+	time.Sleep(reloaded)
+	newAdmin := mtls.FilesIn(t.TempDir())
+	crt, key, _ := newCA.Issue(mtls.Request{Identity: mtls.Identity{Role: mtls.RoleAdmin}, Validity: time.Hour})
+	mtls.WriteFiles(newAdmin, crt, key, newCA.CertPEM())
+	for name, ep := range c.eps {
+		if got := servedIssuer(t, ep.grpc, newAdmin); got != "rotated CA" {
+			t.Fatalf("%s still presents a certificate from %q", name, got)
+		}
+	}
+	t.Log("step 3: the old CA dropped")
+	c.rewriteTLS(t, newCA.CertPEM(), nil, clientFiles)
+	time.Sleep(reloaded)
+	oldSrc, _ := mtls.Load(oldAdmin, nil)
+	newSrc, err := mtls.Load(newAdmin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := func(src *mtls.Source, addr string) error {
+		cc, err := grpc.NewClient(grpcdial.Target(addr), grpcdial.OptionsWith(src.ClientCredentials(mtls.AnyNode))...)
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		_, err = shardkvpb.NewAdminClient(cc).Status(sctx, &shardkvpb.StatusRequest{})
+		return err
+	}
+	for name, ep := range c.eps {
+		if err := status(oldSrc, ep.grpc); err == nil {
+			t.Fatalf("%s still accepts a certificate from the dropped CA", name)
+		}
+	}
+
+	// Fresh connections everywhere a restarted process talks: its peers,
+	// the controller, the clients.
+	newDial := grpcdial.OptionsWith(newSrc.ClientCredentials(mtls.AnyNode))
+	gAddr, _ := groupLeader(t, c.ctrl, 1, 20*time.Second, newDial...)
+	cAddr := c.ctrl[0]
+	for _, addr := range []string{gAddr, cAddr} {
+		pid := pidListening(t, addr, 5*time.Second)
+		t.Logf("kill -9 %s (pid %d)", c.nameOf(addr), pid)
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for _, addr := range []string{gAddr, cAddr} {
+		for {
+			if err := status(newSrc, addr); err == nil {
+				break
+			} else if time.Now().After(deadline) {
+				t.Fatalf("%s did not come back under the new CA: %v", c.nameOf(addr), err)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	// The restarted group-1 replica caught up through new connections.
+	if _, term := groupLeader(t, c.ctrl, 1, 30*time.Second, newDial...); term == 0 {
+		t.Fatal("group 1 has no leader")
+	}
+	time.Sleep(5 * time.Second)
+	stop()
+	o := <-done
+	if o.err != nil {
+		t.Fatalf("workload: %v\n%s", o.err, tail(logs.String(), 3000))
+	}
+	r := o.res
+	t.Logf("workload: %d ok, %d outcome unknown, %d failed reads; linearizable %v", r.OK, r.Unknown, r.FailedGets, r.Linearizable)
+	if !r.Linearizable || r.Unknown != 0 || r.FailedGets != 0 || r.OK < 200 {
+		t.Fatalf("rotation under load: %s\n%s", r, tail(logs.String(), 3000))
+	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/shardkv/shardkv/pkg/client"
 	"github.com/shardkv/shardkv/pkg/kvcheck"
+	"google.golang.org/grpc"
 )
 
 // The workload's phases (kvcheck.Status.Phase).
@@ -43,6 +44,9 @@ const recentWindow = 10 * time.Second
 // Config is one workload: its clients and keys.
 type Config struct {
 	Ctrler        []string // the Go client's controller addresses
+	// Dial are the Go client's dial options (grpcdial.OptionsWith for
+	// mutual TLS); nil: plaintext.
+	Dial []grpc.DialOption
 	Redis         []string // if set, Redis Cluster seeds: the clients speak RESP
 	RedisPassword string   // the password of the Redis front ends (AUTH)
 	Clients       int
@@ -104,7 +108,7 @@ func New(cfg Config, log io.Writer) (*Workload, error) {
 		if len(cfg.Redis) > 0 {
 			c = newRedisKV(cfg.Redis, cfg.RedisPassword, cfg.OpTimeout)
 		} else {
-			gc, err := client.New(cfg.Ctrler)
+			gc, err := client.New(cfg.Ctrler, cfg.Dial...)
 			if err != nil {
 				w.closeClients()
 				return nil, err
