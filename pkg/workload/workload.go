@@ -43,10 +43,10 @@ const recentWindow = 10 * time.Second
 
 // Config is one workload: its clients and keys.
 type Config struct {
-	Ctrler        []string // the Go client's controller addresses
+	Ctrler []string // the Go client's controller addresses
 	// Dial are the Go client's dial options (grpcdial.OptionsWith for
 	// mutual TLS); nil: plaintext.
-	Dial []grpc.DialOption
+	Dial          []grpc.DialOption
 	Redis         []string // if set, Redis Cluster seeds: the clients speak RESP
 	RedisPassword string   // the password of the Redis front ends (AUTH)
 	Clients       int
