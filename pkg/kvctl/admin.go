@@ -49,6 +49,8 @@ type serverJSON struct {
 	ID       uint64 `json:"id"`
 	Addr     string `json:"addr"`
 	RespAddr string `json:"resp_addr"`
+	// RespTLSAddr: the Redis-over-TLS address, if served.
+	RespTLSAddr string `json:"resp_tls_addr,omitempty"`
 }
 
 type pinJSON struct {
@@ -75,7 +77,7 @@ func toConfigJSON(c *shardkvpb.Config) configJSON {
 	for _, g := range c.GetGroups() {
 		gj := groupConfigJSON{GID: g.Gid, Weight: g.Weight, OwnedShards: ownedShards(c, g.Gid), Servers: []serverJSON{}, Leaving: g.Leaving}
 		for _, s := range g.Servers {
-			gj.Servers = append(gj.Servers, serverJSON{ID: s.Id, Addr: s.Addr, RespAddr: s.RespAddr})
+			gj.Servers = append(gj.Servers, serverJSON{ID: s.Id, Addr: s.Addr, RespAddr: s.RespAddr, RespTLSAddr: s.RespTlsAddr})
 		}
 		out.Groups = append(out.Groups, gj)
 	}
@@ -127,6 +129,9 @@ func serversText(g *shardkvpb.Group) (grpcList, respList string) {
 		gs = append(gs, fmt.Sprintf("%d=%s", s.Id, s.Addr))
 		if s.RespAddr != "" {
 			rs = append(rs, fmt.Sprintf("%d=%s", s.Id, s.RespAddr))
+		}
+		if s.RespTlsAddr != "" {
+			rs = append(rs, fmt.Sprintf("%d=%s (tls)", s.Id, s.RespTlsAddr))
 		}
 	}
 	return strings.Join(gs, ","), strings.Join(rs, ",")
@@ -336,7 +341,7 @@ func (k *kvctl) describeGroup(ctx context.Context, gid uint64, addrs []string) (
 		if st.Role == "removed" {
 			return nil, fmt.Errorf("group %d: %s (replica %d) was removed from its group", gid, a, st.Id)
 		}
-		g.Servers = append(g.Servers, &shardkvpb.Server{Id: st.Id, Addr: a, RespAddr: st.RespAddr})
+		g.Servers = append(g.Servers, &shardkvpb.Server{Id: st.Id, Addr: a, RespAddr: st.RespAddr, RespTlsAddr: st.RespTlsAddr})
 	}
 	slices.SortFunc(g.Servers, func(a, b *shardkvpb.Server) int { return cmp.Compare(a.Id, b.Id) })
 	return g, nil

@@ -529,12 +529,12 @@ func (k *kvctl) routeToVoters(ctx context.Context, t *target, ms []*shardkvpb.Me
 			continue
 		}
 		if s, ok := old[m.Id]; ok {
-			g.Servers = append(g.Servers, &shardkvpb.Server{Id: s.Id, Addr: s.Addr, RespAddr: s.RespAddr})
+			g.Servers = append(g.Servers, &shardkvpb.Server{Id: s.Id, Addr: s.Addr, RespAddr: s.RespAddr, RespTlsAddr: s.RespTlsAddr})
 			continue
 		}
 		s := &shardkvpb.Server{Id: m.Id, Addr: m.Addr}
 		if st, err := k.memberStatus(ctx, m.Addr); err == nil {
-			s.RespAddr = st.RespAddr
+			s.RespAddr, s.RespTlsAddr = st.RespAddr, st.RespTlsAddr
 		}
 		g.Servers = append(g.Servers, s)
 	}
@@ -542,7 +542,7 @@ func (k *kvctl) routeToVoters(ctx context.Context, t *target, ms []*shardkvpb.Me
 	same := len(g.Servers) == len(t.group.Servers)
 	for i := 0; same && i < len(g.Servers); i++ {
 		a, b := g.Servers[i], t.group.Servers[i]
-		same = a.Id == b.Id && a.Addr == b.Addr && a.RespAddr == b.RespAddr
+		same = a.Id == b.Id && a.Addr == b.Addr && a.RespAddr == b.RespAddr && a.RespTlsAddr == b.RespTlsAddr
 	}
 	if same {
 		return nil, nil

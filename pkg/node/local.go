@@ -212,7 +212,11 @@ func (o *LocalOptions) layout() (ctrl []*proc, groups map[uint64][]*proc) {
 			p.args = []string{"serve", "--role=group", fmt.Sprint("--group=", gid), fmt.Sprint("--id=", p.id),
 				"--data-dir=" + filepath.Join(o.DataDir, p.name), "--listen=" + p.grpc, "--http=" + p.http,
 				"--peers=" + peers(ps), "--ctrler=" + strings.Join(ctrlAddrs, ","), "--log-level=" + o.LogLevel}
-			if p.resp != "" {
+			switch {
+			case p.resp != "" && o.TLS:
+				// TLS only: plain-text Redis clients are refused.
+				p.args = append(p.args, "--resp-tls="+p.resp)
+			case p.resp != "":
 				p.args = append(p.args, "--resp="+p.resp)
 			}
 			if o.MigrateBytesPerSec > 0 {
@@ -404,7 +408,11 @@ func bringUp(ctx context.Context, o *LocalOptions, ctrlAddrs []string, groups ma
 		if !hasGroup(conf, gid) {
 			g := &shardkvpb.Group{Gid: gid}
 			for _, p := range groups[gid] {
-				g.Servers = append(g.Servers, &shardkvpb.Server{Id: p.id, Addr: p.grpc, RespAddr: p.resp})
+				srv := &shardkvpb.Server{Id: p.id, Addr: p.grpc, RespAddr: p.resp}
+				if o.TLS {
+					srv.RespAddr, srv.RespTlsAddr = "", p.resp
+				}
+				g.Servers = append(g.Servers, srv)
 			}
 			toJoin = append(toJoin, g)
 		}
@@ -490,7 +498,10 @@ func printEndpoints(out io.Writer, o *LocalOptions, ctrl []*proc, groups map[uin
 		}
 		fmt.Fprintf(out, "  kvctl join %d=%s    # add a spare group and watch shards move\n", o.Groups+1, strings.Join(addrs, ","))
 	}
-	if o.RESP {
+	switch {
+	case o.RESP && o.TLS:
+		fmt.Fprintf(out, "  redis-cli --tls --cacert %s -c -p %s set k v\n", filepath.Join(o.tlsDir(), "ca", "ca.crt"), strings.TrimPrefix(groups[1][0].resp, o.Host+":"))
+	case o.RESP:
 		fmt.Fprintf(out, "  redis-cli -c -p %s set k v\n", strings.TrimPrefix(groups[1][0].resp, o.Host+":"))
 	}
 	fmt.Fprintf(out, "Logs are in %s/logs. Kill a replica with kill -9 <pid>: it is restarted. Ctrl-C stops everything.\n", o.DataDir)

@@ -39,7 +39,10 @@ type Options struct {
 	Placement     string
 	RESP          string
 	RESPAdvertise string
-	RequirePass   string
+	// RESPTLS: the Redis-over-TLS listener (needs TLS); RESPTLSAuthClients
+	// is "no", "optional" or "yes" (Redis's tls-auth-clients).
+	RESPTLS, RESPTLSAdvertise, RESPTLSAuthClients string
+	RequirePass                                   string
 	// Redis front-end limits (role=group).
 	RESPMaxClients      int
 	RESPMaxRequestBytes int
@@ -118,6 +121,9 @@ func ParseServe(args []string, stderr io.Writer) (*Options, error) {
 	fs.StringVar(&o.Placement, "placement", string(placement.Balanced), "balanced or consistent-hash (role=ctrler; fixed at cluster creation)")
 	fs.StringVar(&o.RESP, "resp", "", "Redis protocol listener host:port (role=group)")
 	fs.StringVar(&o.RESPAdvertise, "resp-advertise", "", "address clients use to reach --resp")
+	fs.StringVar(&o.RESPTLS, "resp-tls", "", "Redis protocol over TLS listener host:port, with --tls-cert (role=group); leave --resp unset to refuse plain-text clients")
+	fs.StringVar(&o.RESPTLSAdvertise, "resp-tls-advertise", "", "address clients use to reach --resp-tls")
+	fs.StringVar(&o.RESPTLSAuthClients, "resp-tls-auth-clients", "optional", "no, optional or yes: whether --resp-tls clients must present a certificate from --tls-ca (a given one is always checked)")
 	fs.StringVar(&o.RequirePass, "requirepass", "", "Redis AUTH password (prefer "+EnvName("requirepass")+")")
 	fs.IntVar(&o.RESPMaxClients, "resp-max-clients", 10000, "Redis connections served at once; more are refused with an error")
 	fs.IntVar(&o.RESPMaxRequestBytes, "resp-max-request-bytes", 0, "largest Redis request (one command with its arguments), and so what one connection buffers (0: 16 MiB, or one --resp-max-bulk-bytes bulk if larger); a larger one gets a protocol error at its header and the connection is closed")
@@ -266,8 +272,8 @@ func (o *Options) validate() error {
 		if o.Group != 0 {
 			return errors.New("--group is only for role=group")
 		}
-		if o.RESP != "" {
-			return errors.New("--resp is only for role=group")
+		if o.RESP != "" || o.RESPTLS != "" {
+			return errors.New("--resp and --resp-tls are only for role=group")
 		}
 		if err := routing.ValidateShards(o.Shards); err != nil {
 			return fmt.Errorf("--shards: %w", err)
@@ -298,17 +304,32 @@ func (o *Options) validate() error {
 			return fmt.Errorf("--peers must include this replica (id %d)", o.ID)
 		}
 	}
-	if o.RESP != "" {
-		if _, _, err := net.SplitHostPort(o.RESP); err != nil {
-			return fmt.Errorf("--resp=%q: %v", o.RESP, err)
+	for _, l := range []struct {
+		flag        string
+		listen, adv string
+		advertise   *string
+	}{{"resp", o.RESP, o.RESPAdvertise, &o.RESPAdvertise}, {"resp-tls", o.RESPTLS, o.RESPTLSAdvertise, &o.RESPTLSAdvertise}} {
+		if l.listen == "" {
+			continue
 		}
-		if o.RESPAdvertise == "" {
-			host, _, _ := net.SplitHostPort(o.RESP)
+		host, _, err := net.SplitHostPort(l.listen)
+		if err != nil {
+			return fmt.Errorf("--%s=%q: %v", l.flag, l.listen, err)
+		}
+		if l.adv == "" {
 			if host == "" || net.ParseIP(host) != nil && net.ParseIP(host).IsUnspecified() {
-				return fmt.Errorf("--resp=%q is a wildcard address: give --resp-advertise with an address clients can reach", o.RESP)
+				return fmt.Errorf("--%s=%q is a wildcard address: give --%s-advertise with an address clients can reach", l.flag, l.listen, l.flag)
 			}
-			o.RESPAdvertise = o.RESP
+			*l.advertise = l.listen
 		}
+	}
+	if o.RESPTLS != "" && !o.TLS.Enabled() {
+		return errors.New("--resp-tls needs --tls-cert, --tls-key and --tls-ca (its certificate)")
+	}
+	switch o.RESPTLSAuthClients {
+	case "no", "optional", "yes":
+	default:
+		return fmt.Errorf("--resp-tls-auth-clients=%q: want no, optional or yes", o.RESPTLSAuthClients)
 	}
 	switch {
 	case o.RESPMaxClients < 1:

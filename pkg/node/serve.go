@@ -302,10 +302,10 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 		SnapshotEntries: o.SnapshotEntries, TrailingEntries: o.TrailingEntries,
 		MaxCommandBytes: max(raftgroup.DefaultMaxCommandBytes, shardkv.EntryBytesFor(o.MaxValueBytes, shardkv.DefaultMaxKeyBytes)),
 		PeerCredentials: sec.creds(sec.member())}
-	if o.RESPAdvertise != "" {
+	if o.RESPAdvertise != "" || o.RESPTLSAdvertise != "" {
 		// The engine knows no Redis: it reports the address it is given in
 		// its Admin status, where kvctl looks it up for a join.
-		cfg.AnnotateStatus = func(st *shardkvpb.MemberStatus) { st.RespAddr = o.RESPAdvertise }
+		cfg.AnnotateStatus = func(st *shardkvpb.MemberStatus) { st.RespAddr, st.RespTlsAddr = o.RESPAdvertise, o.RESPTLSAdvertise }
 	}
 	var sm raftgroup.StateMachine
 	if o.Role == "ctrler" {
@@ -337,23 +337,37 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 			lis.Close()
 			return nil, err
 		}
-		n.group = shardkv.NewGroup(shardkv.GroupConfig{Ctrler: n.ctrl, DialOptions: sec.dialOptions(mtls.AnyGroup), TrackLeaders: o.RESP != "", MaxValueBytes: o.MaxValueBytes,
+		n.group = shardkv.NewGroup(shardkv.GroupConfig{Ctrler: n.ctrl, DialOptions: sec.dialOptions(mtls.AnyGroup), TrackLeaders: o.RESP != "" || o.RESPTLS != "", MaxValueBytes: o.MaxValueBytes,
 			MigrateBytesPerSec: o.MigrateBytesPerSec, ReportEvery: o.ReportEvery, Logger: log}, n.replica, n.groupSM)
 		n.group.Register(n.grpc)
 		n.stop = append(n.stop, n.group.Stop, func() { n.ctrl.Close() })
-		if o.RESP != "" {
-			rl, err := net.Listen("tcp", o.RESP)
-			if err != nil {
-				n.group.Stop()
-				n.ctrl.Close()
-				n.replica.Close()
-				lis.Close()
-				return nil, fmt.Errorf("--resp: %w", err)
+		if o.RESP != "" || o.RESPTLS != "" {
+			var lns [2]net.Listener
+			for i, l := range []struct{ flag, addr string }{{"--resp", o.RESP}, {"--resp-tls", o.RESPTLS}} {
+				if l.addr == "" {
+					continue
+				}
+				if lns[i], err = net.Listen("tcp", l.addr); err != nil {
+					if lns[0] != nil {
+						lns[0].Close()
+					}
+					n.group.Stop()
+					n.ctrl.Close()
+					n.replica.Close()
+					lis.Close()
+					return nil, fmt.Errorf("%s: %w", l.flag, err)
+				}
 			}
-			n.resp = resp.New(resp.Config{Advertise: o.RESPAdvertise, Password: o.RequirePass, MaxClients: o.RESPMaxClients, MaxRequestBytes: o.RESPMaxRequestBytes,
+			n.resp = resp.New(resp.Config{Advertise: o.RESPAdvertise, TLSAdvertise: o.RESPTLSAdvertise, Password: o.RequirePass, MaxClients: o.RESPMaxClients, MaxRequestBytes: o.RESPMaxRequestBytes,
 				MaxBulkBytes: o.RESPMaxBulkBytes, InputBudgetBytes: o.RESPInputBudget, OutputBudgetBytes: o.RESPOutputBudget, IdleTimeout: o.RESPTimeout,
 				MaxValueBytes: o.MaxValueBytes, WriteTimeout: o.RESPWriteTimeout, Logger: log.With("api", "resp")}, n.group)
-			go n.resp.Serve(rl)
+			if lns[0] != nil {
+				go n.resp.Serve(lns[0])
+			}
+			if lns[1] != nil {
+				go n.resp.ServeTLS(lns[1], sec.src.ServerConfig(map[string]tls.ClientAuthType{
+					"no": tls.NoClientCert, "optional": tls.VerifyClientCertIfGiven, "yes": tls.RequireAndVerifyClientCert}[o.RESPTLSAuthClients]))
+			}
 			// Closed first on shutdown (n.stop runs in reverse).
 			n.stop = append(n.stop, func() { n.resp.Close() })
 		}

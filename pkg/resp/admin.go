@@ -170,7 +170,7 @@ func cmdHello(c *conn, p *pipeline, args [][]byte, _ int) {
 		c.setName(string(name))
 	}
 	role := "replica"
-	if c.s.view().Self.Leader {
+	if c.s.view(c.tls).Self.Leader {
 		role = "master"
 	}
 	proto := 2
@@ -531,7 +531,7 @@ func (s *Server) keysOfType(keys [][]byte, name string, deadline time.Time) ([][
 			s.stats.outputRefusals.Add(1)
 			return nil, errReply(s.outputFull())
 		case err != nil && !errors.Is(err, shardkv.ErrReadLimit):
-			return nil, s.readFailure(err, timedOut, -1)
+			return nil, s.readFailure(err, timedOut, -1, false)
 		case len(vals) == 0 || len(vals) > len(keys):
 			return nil, errReply(fmt.Sprintf("ERR read failed: backend returned %d values for %d keys", len(vals), len(keys)))
 		}

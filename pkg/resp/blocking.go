@@ -27,7 +27,7 @@ import (
 // item it. It reports false if it popped nothing (no key of its type); otherwise it
 // sets it.out: render's reply, or the write's error or refusal.
 func (c *conn) popNow(it *item, deadline time.Time, op *shardkvpb.WriteOp, render func([]*shardkvpb.WriteResult) []byte) bool {
-	w := &item{slot: it.slot, ops: []*shardkvpb.WriteOp{op}, deadline: deadline, seq: it.seq, onWrite: render, blockedPop: true}
+	w := &item{slot: it.slot, tls: it.tls, ops: []*shardkvpb.WriteOp{op}, deadline: deadline, seq: it.seq, onWrite: render, blockedPop: true}
 	c.s.runWrites([]*item{w})
 	if len(w.res) == 1 && w.res[0].Error == "" && len(w.res[0].Values) == 0 {
 		return false

@@ -36,7 +36,7 @@ func endpoint(addr string) (host string, port int, hostname string) {
 func master(g *nodeGroup) *node { return &g.Nodes[0] }
 
 func cmdClusterMyID(c *conn, p *pipeline, _ [][]byte, _ int) {
-	p.reply(redcon.AppendBulkString(nil, c.s.view().Self.ID))
+	p.reply(redcon.AppendBulkString(nil, c.s.view(c.tls).Self.ID))
 }
 
 func cmdClusterKeySlot(_ *conn, p *pipeline, args [][]byte, _ int) {
@@ -98,7 +98,7 @@ func slotsOf(view *clusterView, gid uint64) []slotOwner {
 }
 
 func cmdClusterInfo(c *conn, p *pipeline, _ [][]byte, _ int) {
-	view := c.s.view()
+	view := c.s.view(c.tls)
 	assigned, size, nodes := 0, 0, 0
 	for i := range view.Groups {
 		g := &view.Groups[i]
@@ -139,7 +139,7 @@ func cmdClusterInfo(c *conn, p *pipeline, _ [][]byte, _ int) {
 // The cluster bus port (cport) is port+10000 as in Redis; nothing listens
 // there. The config epoch is the config number.
 func cmdClusterNodes(c *conn, p *pipeline, _ [][]byte, _ int) {
-	view := c.s.view()
+	view := c.s.view(c.tls)
 	now := time.Now().UnixMilli()
 	var b strings.Builder
 	for i := range view.Groups {
@@ -192,7 +192,7 @@ func (c *conn) appendSlotsNode(b []byte, n *node) []byte {
 
 // cmdClusterSlots: [start, end, master, replicas...] per slot range.
 func cmdClusterSlots(c *conn, p *pipeline, _ [][]byte, _ int) {
-	view := c.s.view()
+	view := c.s.view(c.tls)
 	var b []byte
 	n := 0
 	for _, so := range view.Slots {
@@ -214,7 +214,7 @@ func cmdClusterSlots(c *conn, p *pipeline, _ [][]byte, _ int) {
 // cmdClusterShards: per group, "slots" (flat start/end pairs) and "nodes"
 // (flat key/value arrays in RESP2), as Redis 7.
 func cmdClusterShards(c *conn, p *pipeline, _ [][]byte, _ int) {
-	view := c.s.view()
+	view := c.s.view(c.tls)
 	applied := int64(c.s.b.RaftStatus().GetApplied())
 	b := redcon.AppendArray(nil, len(view.Groups))
 	for i := range view.Groups {

@@ -117,7 +117,7 @@ func (c *conn) readNowFailed(ctx context.Context, it *item, err error, b *replyB
 	case errors.Is(err, shardkv.ErrReadLimit):
 		it.out = s.errTooLarge(b.typ)
 	default:
-		it.out = s.readFailure(err, errors.Is(ctx.Err(), context.DeadlineExceeded), it.slot)
+		it.out = s.readFailure(err, errors.Is(ctx.Err(), context.DeadlineExceeded), it.slot, it.tls)
 	}
 }
 
@@ -224,7 +224,7 @@ func (c *conn) readKeysNow(it *item, keys [][]byte, follower bool, b *replyBound
 // deadline), its reply render's: the write's item, whose results the
 // caller may look at.
 func (c *conn) writeNow(it *item, deadline time.Time, ops []*shardkvpb.WriteOp, render func([]*shardkvpb.WriteResult) []byte) *item {
-	w := &item{slot: it.slot, ops: ops, deadline: deadline, arrived: it.arrived, seq: it.seq, onWrite: render}
+	w := &item{slot: it.slot, tls: it.tls, ops: ops, deadline: deadline, arrived: it.arrived, seq: it.seq, onWrite: render}
 	c.s.runWrites([]*item{w})
 	it.out = w.out
 	return w

@@ -40,7 +40,7 @@ func cmdInfo(c *conn, p *pipeline, args [][]byte, _ int) {
 	}
 	var b strings.Builder
 	include := func(name string) bool { return all || want[name] || (def && name != "commandstats") }
-	for _, sec := range c.s.infoSections(include) {
+	for _, sec := range c.s.infoSections(include, c.tls) {
 		if b.Len() > 0 {
 			b.WriteString("\r\n")
 		}
@@ -53,14 +53,14 @@ func cmdInfo(c *conn, p *pipeline, args [][]byte, _ int) {
 }
 
 // infoSections builds the sections include asks for.
-func (s *Server) infoSections(include func(string) bool) []infoSection {
+func (s *Server) infoSections(include func(string) bool, tls bool) []infoSection {
 	var out []infoSection
 	add := func(name string, lines func() []string) {
 		if include(strings.ToLower(name)) {
 			out = append(out, infoSection{name, lines()})
 		}
 	}
-	view := s.view()
+	view := s.view(tls)
 	add("Server", func() []string {
 		up := time.Since(s.started)
 		_, port, _ := net.SplitHostPort(view.Self.Addr)

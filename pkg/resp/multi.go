@@ -77,7 +77,7 @@ func txControl(name string) bool {
 func (c *conn) queue(p *pipeline, args [][]byte, slot int) {
 	tx := c.tx
 	if slot >= 0 {
-		if e := c.s.notLeading(slot); e != nil {
+		if e := c.s.notLeading(slot, c.tls); e != nil {
 			tx.dirty = true
 			p.reply(e)
 			return
@@ -107,7 +107,7 @@ func (c *conn) execAbort(e []byte) []byte {
 // cannot run as its group's leader, as the newest config it knows says
 // (nil if it can): a transaction is checked when its first keyed command
 // is queued, as Redis Cluster checks it.
-func (s *Server) notLeading(slot int) []byte {
+func (s *Server) notLeading(slot int, tls bool) []byte {
 	t := s.b.Topology()
 	conf := t.Newest
 	if conf == nil {
@@ -119,9 +119,9 @@ func (s *Server) notLeading(slot int) []byte {
 	gid := conf.Shards[routing.Shard(slot, len(conf.Shards))]
 	switch {
 	case gid != t.GID:
-		return s.refusal(&shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Owner: gid, Leader: t.Leaders[gid]}, slot)
+		return s.refusal(&shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Owner: gid, Leader: t.Leaders[gid]}, slot, tls)
 	case !t.Leads:
-		return s.refusal(&shardkvpb.Refusal{Reason: shardkvpb.ReasonNotLeader, Owner: gid, Leader: t.Leaders[gid]}, slot)
+		return s.refusal(&shardkvpb.Refusal{Reason: shardkvpb.ReasonNotLeader, Owner: gid, Leader: t.Leaders[gid]}, slot, tls)
 	}
 	return nil
 }
@@ -150,7 +150,7 @@ func cmdWatch(c *conn, p *pipeline, args [][]byte, slot int) {
 		p.reply(errReply("ERR WATCH inside MULTI is not allowed"))
 		return
 	}
-	if e := c.s.notLeading(slot); e != nil {
+	if e := c.s.notLeading(slot, c.tls); e != nil {
 		p.reply(e)
 		return
 	}
@@ -201,7 +201,7 @@ func cmdExec(c *conn, p *pipeline, _ [][]byte, _ int) {
 		p.reply(errReply("CROSSSLOT Keys in request don't hash to the same slot"))
 		return
 	case tx.slot >= 0:
-		if e := c.s.notLeading(tx.slot); e != nil {
+		if e := c.s.notLeading(tx.slot, c.tls); e != nil {
 			p.reply(e)
 			return
 		}

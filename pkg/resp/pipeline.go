@@ -56,6 +56,7 @@ type item struct {
 	cmd      *command  // the command that added it (nil: refused first), for its stats
 	started  time.Time // when it was dispatched
 	slot     int
+	tls      bool      // its client is on a TLS connection (redirects go to TLS ports)
 	deadline time.Time // when the reply is due (the command's)
 	arrived  time.Time // when the command reached the host (see queued)
 	seq      uint64    // the command's (see queued)
@@ -124,7 +125,7 @@ type pipeline struct {
 }
 
 func (p *pipeline) add(it *item) {
-	it.deadline, it.arrived, it.seq = p.deadline, p.arrived, p.seq
+	it.deadline, it.arrived, it.seq, it.tls = p.deadline, p.arrived, p.seq, p.c.tls
 	it.cmd, it.started = p.cmd, p.started
 	p.items = append(p.items, it)
 	p.last = it

@@ -109,7 +109,7 @@ func (p *pipeline) answer(g *readGroup) (again []*item) {
 		}
 		switch {
 		case g.err != nil:
-			it.out = s.readError(g, it.slot)
+			it.out = s.readError(g, it.slot, it.tls)
 		case complete:
 			vals := make([]shardkv.ValueEntry, len(idx))
 			for i, d := range idx {
@@ -217,17 +217,17 @@ func (s *Server) read(g *readGroup) {
 }
 
 // readError is the reply to a failed read.
-func (s *Server) readError(g *readGroup, slot int) []byte {
-	return s.readFailure(g.err, g.timedOut, slot)
+func (s *Server) readError(g *readGroup, slot int, tls bool) []byte {
+	return s.readFailure(g.err, g.timedOut, slot, tls)
 }
 
 // readFailure is the reply to a read of slot that failed with err
 // (timedOut: its context's deadline passed).
-func (s *Server) readFailure(err error, timedOut bool, slot int) []byte {
+func (s *Server) readFailure(err error, timedOut bool, slot int, tls bool) []byte {
 	var ref *shardkvpb.Refusal
 	switch {
 	case errors.As(err, &ref):
-		return s.refusal(ref, slot)
+		return s.refusal(ref, slot, tls)
 	case timedOut && s.ctx.Err() == nil:
 		// A read has no side effect, so a retry is always safe: let the
 		// client retry (no quorum reachable, or an election under way).

@@ -66,7 +66,7 @@ func (s *Server) runWrites(items []*item) {
 			return
 		}
 		for _, it := range items {
-			it.out = s.refusal(ref, it.slot)
+			it.out = s.refusal(ref, it.slot, it.tls)
 		}
 		return
 	case errors.Is(err, shardkvpb.ErrOutcomeUnknown):
@@ -151,7 +151,7 @@ func (s *Server) writeReply(it *item, outs []shardkv.WriteOutcome) []byte {
 	}
 	switch {
 	case refused == len(outs):
-		return s.refusal(ref, it.slot)
+		return s.refusal(ref, it.slot, it.tls)
 	case refused > 0:
 		// The ops of one command share a slot, hence a shard: the backend
 		// refuses all or none. Should it not, part ran: no redirect.

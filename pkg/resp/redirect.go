@@ -15,14 +15,14 @@ import (
 
 // refusal renders a refusal as the redirect or retry error of Redis Cluster,
 // for a command of slot.
-func (s *Server) refusal(r *shardkvpb.Refusal, slot int) []byte {
+func (s *Server) refusal(r *shardkvpb.Refusal, slot int, tls bool) []byte {
 	s.stats.refused.Add(1)
 	switch r.Reason {
 	case shardkvpb.ReasonWrongGroup, shardkvpb.ReasonNotLeader:
 		if r.Reason == shardkvpb.ReasonWrongGroup && r.Owner == 0 {
 			return redcon.AppendError(nil, "CLUSTERDOWN Hash slot not served")
 		}
-		if addr := s.addrOf(s.b.Topology(), r.Owner, r.Leader); addr != "" {
+		if addr := s.addrOf(s.b.Topology(), r.Owner, r.Leader, tls); addr != "" {
 			return redcon.AppendError(nil, fmt.Sprintf("MOVED %d %s", slot, addr))
 		}
 		if r.Reason == shardkvpb.ReasonNotLeader {
@@ -43,7 +43,7 @@ func (s *Server) refusal(r *shardkvpb.Refusal, slot int) []byte {
 // group's first replica that has one (which redirects again to its leader);
 // for the backend's own group only the exact replica (its leader comes from
 // Raft, possibly before any config lists it).
-func (s *Server) addrOf(t shardkv.Topology, gid, id uint64) string {
+func (s *Server) addrOf(t shardkv.Topology, gid, id uint64, tls bool) string {
 	var first string
 	for _, c := range []*shardkvpb.Config{t.Newest, t.Applied} {
 		for _, grp := range c.GetGroups() {
@@ -51,14 +51,15 @@ func (s *Server) addrOf(t shardkv.Topology, gid, id uint64) string {
 				continue
 			}
 			for _, sv := range grp.Servers {
-				if sv.RespAddr == "" {
+				addr := respAddr(sv, tls)
+				if addr == "" {
 					continue
 				}
 				if sv.Id == id && id != 0 {
-					return sv.RespAddr
+					return addr
 				}
 				if first == "" {
-					first = sv.RespAddr
+					first = addr
 				}
 			}
 		}
@@ -67,4 +68,13 @@ func (s *Server) addrOf(t shardkv.Topology, gid, id uint64) string {
 		return ""
 	}
 	return first
+}
+
+// respAddr is sv's Redis address for a client on a TLS connection (tls)
+// or a plain one: a client is sent only where it can connect the same way.
+func respAddr(sv *shardkvpb.Server, tls bool) string {
+	if tls {
+		return sv.RespTlsAddr
+	}
+	return sv.RespAddr
 }

@@ -27,6 +27,7 @@ package resp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -40,6 +41,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/mtls"
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
@@ -132,6 +134,10 @@ type Config struct {
 	// Advertise is this replica's RESP address as clients reach it (INFO
 	// tcp_port, CLUSTER views); default: its resp_addr in the config.
 	Advertise string
+	// TLSAdvertise is its RESP-over-TLS address (ServeTLS), what clients
+	// on TLS connections are shown; default: its resp_tls_addr in the
+	// config.
+	TLSAdvertise string
 	// Password, if set, is required (AUTH / HELLO AUTH) before any command
 	// but AUTH, HELLO and QUIT. The only user is "default".
 	Password string
@@ -236,6 +242,8 @@ type Server struct {
 	tx sync.RWMutex
 	// blocked: the clients waiting in blocking commands (blocking.go).
 	blocked blockQueue
+	// tlsRefusals logs failed TLS handshakes (ServeTLS), once per kind.
+	tlsRefusals *mtls.Refusals
 
 	// ctx is cancelled by Close, which cancels in-flight backend calls.
 	ctx    context.Context
@@ -310,7 +318,8 @@ func New(cfg Config, b Backend) *Server {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Server{cfg: cfg, b: b, log: cfg.Logger, started: time.Now(), cursors: newCursorTable(), tun: newTunables(), cmds: commandTable(),
-		budget: &memBudget{limit: cfg.InputBudgetBytes}, outBudget: &memBudget{limit: cfg.OutputBudgetBytes}, ctx: ctx, cancel: cancel, lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{}}
+		budget: &memBudget{limit: cfg.InputBudgetBytes}, outBudget: &memBudget{limit: cfg.OutputBudgetBytes}, ctx: ctx, cancel: cancel, lns: map[net.Listener]struct{}{}, conns: map[*conn]struct{}{},
+		tlsRefusals: mtls.NewRefusals(cfg.Logger, time.Minute)}
 }
 
 // ListenAndServe listens on Config.Addr and serves until Close.
@@ -324,7 +333,20 @@ func (s *Server) ListenAndServe() error {
 
 // Serve accepts clients on ln until Close (then it returns nil) or until
 // ln is closed by someone else. It closes ln.
-func (s *Server) Serve(ln net.Listener) error {
+func (s *Server) Serve(ln net.Listener) error { return s.serve(ln, nil) }
+
+// ServeTLS serves RESP over TLS on ln (Redis's tls-port) with cfg, which
+// decides whether clients must present certificates. Clients on it are
+// shown the replicas' TLS addresses in redirects and CLUSTER replies. A
+// failed handshake (plain text, an unknown client CA) closes the
+// connection and is logged once per peer and reason.
+func (s *Server) ServeTLS(ln net.Listener, cfg *tls.Config) error { return s.serve(ln, cfg) }
+
+// handshakeTimeout bounds a TLS handshake: a client that connects and says
+// nothing must not hold a goroutine and a socket for ever.
+const handshakeTimeout = 10 * time.Second
+
+func (s *Server) serve(ln net.Listener, tlsCfg *tls.Config) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -358,8 +380,27 @@ func (s *Server) Serve(ln net.Listener) error {
 			continue
 		}
 		backoff = 0
-		s.accept(nc)
+		if tlsCfg != nil {
+			go s.handshake(nc, tlsCfg)
+			continue
+		}
+		s.accept(nc, false)
 	}
+}
+
+// handshake completes a TLS handshake, then serves the connection.
+func (s *Server) handshake(nc net.Conn, cfg *tls.Config) {
+	tc := tls.Server(nc, cfg)
+	ctx, cancel := context.WithTimeout(s.ctx, handshakeTimeout)
+	err := tc.HandshakeContext(ctx)
+	cancel()
+	if err != nil {
+		host, _, _ := net.SplitHostPort(nc.RemoteAddr().String())
+		s.tlsRefusals.Refuse(host+" "+err.Error(), "Redis TLS handshake refused", "peer", host, "err", err)
+		nc.Close()
+		return
+	}
+	s.accept(tc, true)
 }
 
 func (s *Server) isClosed() bool {
@@ -370,7 +411,7 @@ func (s *Server) isClosed() bool {
 
 // accept registers nc and starts its goroutine, or refuses it when the
 // server is full (as Redis does: an error, then close).
-func (s *Server) accept(nc net.Conn) {
+func (s *Server) accept(nc net.Conn, isTLS bool) {
 	s.stats.total.Add(1)
 	s.mu.Lock()
 	if s.closed {
@@ -388,6 +429,7 @@ func (s *Server) accept(nc net.Conn) {
 	}
 	s.nextID++
 	c := newConn(s, nc, s.nextID)
+	c.tls = isTLS
 	s.conns[c] = struct{}{}
 	s.wg.Add(1)
 	s.mu.Unlock()
@@ -509,6 +551,7 @@ func (cw countingWriter) Write(p []byte) (int, error) {
 type conn struct {
 	s   *Server
 	nc  net.Conn
+	tls bool // a TLS connection: redirects and topology name TLS ports
 	in  *connInput
 	rd  *reqReader
 	q   *cmdQueue // reader -> executor

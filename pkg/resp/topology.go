@@ -67,7 +67,7 @@ func (v *clusterView) group(gid uint64) *nodeGroup {
 // view builds the cluster view from the backend's topology: the newest
 // config it knows (the one its redirects follow), with the leaders it
 // knows.
-func (s *Server) view() clusterView {
+func (s *Server) view(tls bool) clusterView {
 	t := s.b.Topology()
 	conf := t.Newest
 	if conf == nil {
@@ -78,10 +78,11 @@ func (s *Server) view() clusterView {
 		lead := t.Leaders[grp.Gid]
 		ng := nodeGroup{GID: grp.Gid}
 		for _, sv := range grp.Servers {
-			if sv.RespAddr == "" {
+			addr := respAddr(sv, tls)
+			if addr == "" {
 				continue
 			}
-			ng.Nodes = append(ng.Nodes, node{ID: NodeID(grp.Gid, sv.Id), GID: grp.Gid, ReplicaID: sv.Id, Addr: sv.RespAddr,
+			ng.Nodes = append(ng.Nodes, node{ID: NodeID(grp.Gid, sv.Id), GID: grp.Gid, ReplicaID: sv.Id, Addr: addr,
 				Leader: sv.Id == lead && lead != 0, Self: grp.Gid == t.GID && sv.Id == t.ReplicaID})
 		}
 		if len(ng.Nodes) == 0 {
@@ -100,8 +101,11 @@ func (s *Server) view() clusterView {
 	}
 	slices.SortFunc(v.Groups, func(a, b nodeGroup) int { return int(a.GID) - int(b.GID) })
 	self := s.cfg.Advertise
+	if tls {
+		self = s.cfg.TLSAdvertise
+	}
 	if self == "" {
-		self = s.addrOf(t, t.GID, t.ReplicaID)
+		self = s.addrOf(t, t.GID, t.ReplicaID, tls)
 	}
 	v.Self = node{ID: NodeID(t.GID, t.ReplicaID), GID: t.GID, ReplicaID: t.ReplicaID, Addr: self, Leader: t.Leads, Self: true}
 	n := len(conf.Shards)

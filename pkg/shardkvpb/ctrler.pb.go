@@ -25,8 +25,9 @@ const (
 type Server struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`                         // gRPC
-	RespAddr      string                 `protobuf:"bytes,3,opt,name=resp_addr,json=respAddr,proto3" json:"resp_addr,omitempty"` // Redis protocol, if served
+	Addr          string                 `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`                                    // gRPC
+	RespAddr      string                 `protobuf:"bytes,3,opt,name=resp_addr,json=respAddr,proto3" json:"resp_addr,omitempty"`            // Redis protocol, if served
+	RespTlsAddr   string                 `protobuf:"bytes,4,opt,name=resp_tls_addr,json=respTlsAddr,proto3" json:"resp_tls_addr,omitempty"` // Redis protocol over TLS, if served
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -78,6 +79,13 @@ func (x *Server) GetAddr() string {
 func (x *Server) GetRespAddr() string {
 	if x != nil {
 		return x.RespAddr
+	}
+	return ""
+}
+
+func (x *Server) GetRespTlsAddr() string {
+	if x != nil {
+		return x.RespTlsAddr
 	}
 	return ""
 }
@@ -1274,11 +1282,12 @@ var File_ctrler_proto protoreflect.FileDescriptor
 const file_ctrler_proto_rawDesc = "" +
 	"\n" +
 	"\fctrler.proto\x12\n" +
-	"shardkv.v1\x1a\rreplica.proto\"I\n" +
+	"shardkv.v1\x1a\rreplica.proto\"m\n" +
 	"\x06Server\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1b\n" +
-	"\tresp_addr\x18\x03 \x01(\tR\brespAddr\"y\n" +
+	"\tresp_addr\x18\x03 \x01(\tR\brespAddr\x12\"\n" +
+	"\rresp_tls_addr\x18\x04 \x01(\tR\vrespTlsAddr\"y\n" +
 	"\x05Group\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\x04R\x03gid\x12,\n" +
 	"\aservers\x18\x02 \x03(\v2\x12.shardkv.v1.ServerR\aservers\x12\x16\n" +

@@ -418,7 +418,9 @@ type MemberStatus struct {
 	Members       []*Member `protobuf:"bytes,13,rep,name=members,proto3" json:"members,omitempty"`
 	Counters      *Counters `protobuf:"bytes,14,opt,name=counters,proto3" json:"counters,omitempty"`
 	// This replica's advertised Redis address, if it serves one.
-	RespAddr      string `protobuf:"bytes,15,opt,name=resp_addr,json=respAddr,proto3" json:"resp_addr,omitempty"`
+	RespAddr string `protobuf:"bytes,15,opt,name=resp_addr,json=respAddr,proto3" json:"resp_addr,omitempty"`
+	// Its advertised Redis-over-TLS address, if it serves one.
+	RespTlsAddr   string `protobuf:"bytes,16,opt,name=resp_tls_addr,json=respTlsAddr,proto3" json:"resp_tls_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -554,6 +556,13 @@ func (x *MemberStatus) GetCounters() *Counters {
 func (x *MemberStatus) GetRespAddr() string {
 	if x != nil {
 		return x.RespAddr
+	}
+	return ""
+}
+
+func (x *MemberStatus) GetRespTlsAddr() string {
+	if x != nil {
+		return x.RespTlsAddr
 	}
 	return ""
 }
@@ -969,7 +978,7 @@ const file_replica_proto_rawDesc = "" +
 	"\x05match\x18\x04 \x01(\x04R\x05match\x12%\n" +
 	"\fheard_ms_ago\x18\x05 \x01(\x04H\x00R\n" +
 	"heardMsAgo\x88\x01\x01B\x0f\n" +
-	"\r_heard_ms_ago\"\xc4\x03\n" +
+	"\r_heard_ms_ago\"\xe8\x03\n" +
 	"\fMemberStatus\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
@@ -989,7 +998,8 @@ const file_replica_proto_rawDesc = "" +
 	"last_index\x18\f \x01(\x04R\tlastIndex\x12,\n" +
 	"\amembers\x18\r \x03(\v2\x12.shardkv.v1.MemberR\amembers\x120\n" +
 	"\bcounters\x18\x0e \x01(\v2\x14.shardkv.v1.CountersR\bcounters\x12\x1b\n" +
-	"\tresp_addr\x18\x0f \x01(\tR\brespAddr\"\xeb\x02\n" +
+	"\tresp_addr\x18\x0f \x01(\tR\brespAddr\x12\"\n" +
+	"\rresp_tls_addr\x18\x10 \x01(\tR\vrespTlsAddr\"\xeb\x02\n" +
 	"\bCounters\x12\x1c\n" +
 	"\tproposals\x18\x01 \x01(\x04R\tproposals\x12)\n" +
 	"\x10proposals_failed\x18\x02 \x01(\x04R\x0fproposalsFailed\x12\x16\n" +
