@@ -29,6 +29,7 @@ var allowed = map[string][]string{
 	"pkg/localstate":          nil,
 	"pkg/ctrler/placement":    nil,
 	"pkg/mtls":                nil,
+	"pkg/resp/acl":            nil,
 	"pkg/grpcdial":            {"pkg/shardkvpb"},
 	"pkg/raftgroup":           {"pkg/shardkvpb", "pkg/grpcdial", "internal/durable"},
 	"pkg/raftgroup/rgtest":    {"pkg/raftgroup", "pkg/shardkvpb", "pkg/grpcdial"},
@@ -36,7 +37,7 @@ var allowed = map[string][]string{
 	"pkg/ctrler/ctrlerclient": {"pkg/grpcdial", "pkg/shardkvpb"},
 	"pkg/shardkv":             {"pkg/raftgroup", "pkg/routing", "pkg/shardkvpb", "pkg/grpcdial", "pkg/ctrler/ctrlerclient"},
 	"pkg/shardkv/kvtest":      {"pkg/shardkv", "pkg/raftgroup", "pkg/raftgroup/rgtest", "pkg/ctrler", "pkg/ctrler/ctrlerclient", "pkg/client", "pkg/shardkvpb", "pkg/grpcdial", "pkg/routing"},
-	"pkg/resp":                {"pkg/shardkv", "pkg/routing", "pkg/shardkvpb", "pkg/mtls"},
+	"pkg/resp":                {"pkg/shardkv", "pkg/routing", "pkg/shardkvpb", "pkg/mtls", "pkg/resp/acl"},
 	"pkg/client":              {"pkg/ctrler/ctrlerclient", "pkg/grpcdial", "pkg/routing", "pkg/shardkvpb"},
 	"pkg/workload":            {"pkg/client", "pkg/kvcheck", "pkg/routing", "pkg/shardkvpb", "pkg/grpcdial"},
 	"pkg/kvctl":               {"pkg/client", "pkg/ctrler/ctrlerclient", "pkg/grpcdial", "pkg/kvcheck", "pkg/routing", "pkg/shardkvpb", "pkg/workload", "pkg/localstate", "pkg/mtls"},
@@ -58,11 +59,11 @@ var allowed = map[string][]string{
 // or consensus, even indirectly: the client side and the operator.
 var noServerInternals = []string{"pkg/client", "pkg/ctrler/ctrlerclient", "pkg/kvctl", "pkg/workload", "controllers", "cmd/manager", "cmd/kvctl"}
 
-var serverInternals = []string{"go.etcd.io/raft", "github.com/dgraph-io/badger", module + "pkg/raftgroup", module + "pkg/shardkv", module + "pkg/resp", module + "pkg/node"}
+var serverInternals = []string{"go.etcd.io/raft", "github.com/dgraph-io/badger", module + "pkg/raftgroup", module + "pkg/shardkv", module + "pkg/node"}
 
-// serverPackages are server internals matched exactly: their client
-// subpackages (ctrlerclient) are fine.
-var serverPackages = []string{module + "pkg/ctrler"}
+// serverPackages are server internals matched exactly: their client-side
+// subpackages (ctrlerclient, resp/acl) are fine.
+var serverPackages = []string{module + "pkg/ctrler", module + "pkg/resp"}
 
 // redisLibs may be imported only at the Redis edge.
 var redisLibs = []string{"github.com/tidwall/redcon", "github.com/redis/go-redis"}

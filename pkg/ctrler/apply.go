@@ -15,7 +15,8 @@ import (
 // Result is what applying a command returns to its proposer.
 type Result struct {
 	Config *shardkvpb.Config
-	Err    error // a refusal (bad input); the config is unchanged
+	Users  *shardkvpb.UsersReply // of a SetUsers entry
+	Err    error                 // a refusal (bad input); the config is unchanged
 }
 
 // session is a client's dedup entry: its last sequence number and outcome.
@@ -81,6 +82,10 @@ func (sm *StateMachine) applyOne(b *batch, cmd *shardkvpb.ControllerCommand, now
 	}
 	if cut := cmd.GetCutOver(); cut != nil {
 		return sm.applyCutOver(b, cut)
+	}
+	if su := cmd.GetSetUsers(); su != nil {
+		res, err := sm.applySetUsers(b, su)
+		return res, false, err
 	}
 	// Exactly once: a retried request gets the first outcome back.
 	var client, seq uint64

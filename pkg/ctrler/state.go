@@ -28,7 +28,7 @@ var (
 	keyOldest   = []byte("m/oldest")
 	prefixConf  = []byte("c/")
 	prefixDedup = []byte("d/")
-	prefixAll   = [][]byte{[]byte("m/"), prefixConf, prefixDedup}
+	prefixAll   = [][]byte{[]byte("m/"), prefixConf, prefixDedup, prefixUser}
 )
 
 // SessionTTL is how long a client's dedup entry lives after its last

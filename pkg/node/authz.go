@@ -52,6 +52,11 @@ var authzRules = map[string]rule{
 	shardkvpb.Controller_Watch_FullMethodName: {allow: anyone},
 	// Groups read the cluster status for the Redis front end's topology.
 	shardkvpb.Controller_Status_FullMethodName: {allow: nodeOrAdmin},
+	// Users: replicas read them (the Redis front end's ACL); admins and
+	// data-group replicas (ACL SETUSER from a Redis user allowed to run
+	// it) change them.
+	shardkvpb.Controller_Users_FullMethodName:    {allow: nodeOrAdmin},
+	shardkvpb.Controller_SetUsers_FullMethodName: {allow: groupOrAdmin},
 	shardkvpb.Controller_Report_FullMethodName: {allow: func(_, c mtls.Identity, req any) error {
 		return groupIs(c, req.(*shardkvpb.GroupReport).GetGid(), "report for")
 	}, needsReq: true},
@@ -69,12 +74,7 @@ var authzRules = map[string]rule{
 	shardkvpb.KV_ShardInstalled_FullMethodName: {allow: func(_, c mtls.Identity, req any) error {
 		return groupIs(c, req.(*shardkvpb.ShardInstalledRequest).GetGid(), "confirm shards for")
 	}, needsReq: true},
-	shardkvpb.KV_GroupInfo_FullMethodName: {allow: func(_, c mtls.Identity, _ any) error {
-		if c.Role == mtls.RoleGroup || c.Role == mtls.RoleAdmin {
-			return nil
-		}
-		return fmt.Errorf("only data-group replicas and admins read group state, and this is %s", c)
-	}},
+	shardkvpb.KV_GroupInfo_FullMethodName: {allow: groupOrAdmin},
 }
 
 func anyone(_, _ mtls.Identity, _ any) error { return nil }
@@ -98,6 +98,13 @@ func nodeOrAdmin(_, c mtls.Identity, _ any) error {
 		return nil
 	}
 	return fmt.Errorf("only replicas and admins may, and this is %s", c)
+}
+
+func groupOrAdmin(_, c mtls.Identity, _ any) error {
+	if c.Role == mtls.RoleGroup || c.Role == mtls.RoleAdmin {
+		return nil
+	}
+	return fmt.Errorf("only data-group replicas and admins may, and this is %s", c)
 }
 
 func clientOrAdmin(_, c mtls.Identity, _ any) error {

@@ -2,7 +2,6 @@ package resp
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"math"
@@ -13,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/resp/acl"
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"github.com/tidwall/redcon"
@@ -86,24 +86,6 @@ const (
 	errWrongPass = "WRONGPASS invalid username-password pair or user is disabled."
 	errNoPass    = "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?"
 )
-
-// authenticate checks credentials as Redis does with one user, "default",
-// whose password is Config.Password (none: the user accepts any password,
-// as Redis's nopass). hasUser is false for AUTH <password>. It returns the
-// error reply, or nil once the connection is authenticated.
-func (c *conn) authenticate(user, pass []byte, hasUser bool) []byte {
-	pw := c.s.cfg.Password
-	switch {
-	case !hasUser && pw == "":
-		return errReply(errNoPass)
-	case hasUser && string(user) != "default":
-		return errReply(errWrongPass)
-	case pw != "" && subtle.ConstantTimeCompare(pass, []byte(pw)) != 1:
-		return errReply(errWrongPass)
-	}
-	c.authed.Store(true)
-	return nil
-}
 
 func cmdAuth(c *conn, p *pipeline, args [][]byte, _ int) {
 	var e []byte
@@ -319,7 +301,7 @@ func cmdConfigGet(c *conn, p *pipeline, args [][]byte, _ int) {
 	var out []string
 	for _, kv := range c.s.configParams() {
 		for _, pat := range args[2:] {
-			if glob(pat, []byte(kv[0]), true) {
+			if acl.Glob(pat, []byte(kv[0]), true) {
 				out = append(out, kv[0], kv[1])
 				break
 			}
@@ -446,7 +428,7 @@ func cmdScan(c *conn, p *pipeline, args [][]byte, _ int) {
 		// one.
 		match = func([]byte) bool { return false }
 	case pattern != nil:
-		match = func(k []byte) bool { return glob(pattern, k, false) }
+		match = func(k []byte) bool { return acl.Glob(pattern, k, false) }
 	}
 	p.barrier()
 	keys, next, err := c.s.b.Scan(after, int(min(count, 1<<20)), match)

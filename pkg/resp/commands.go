@@ -90,7 +90,10 @@ func commandTable() map[string]*command {
 		aKeyW    = []string{"@keyspace", "@write", "@fast"}
 		aConn    = []string{"@fast", "@connection"}
 		aSlowC   = []string{"@slow", "@connection"}
-		aSlow    = []string{"@slow"}
+		// ACL's subcommands that read or change users.
+		aclAdminF = []string{"admin", "noscript", "loading", "stale"}
+		aclAdmin  = []string{"@admin", "@slow", "@dangerous"}
+		aSlow     = []string{"@slow"}
 	)
 	key1 := func(name string, arity int, flags, acl, keyFlags []string, run handler) *command {
 		return &command{name: name, arity: arity, flags: flags, first: 1, last: 1, step: 1, acl: acl, keyFlags: keyFlags, run: run}
@@ -205,6 +208,18 @@ func commandTable() map[string]*command {
 		none("auth", -2, fNoAuth, aConn, nil, cmdAuth),
 		none("select", 2, fConn, aConn, nil, cmdSelect),
 		none("quit", -1, fNoAuth, aConn, nil, cmdQuit),
+		{name: "acl", arity: -2, acl: aSlow, subs: []*command{
+			none("acl|whoami", 2, fSub, aSlow, nil, cmdACLWhoAmI),
+			none("acl|users", 2, aclAdminF, aclAdmin, nil, cmdACLUsers),
+			none("acl|list", 2, aclAdminF, aclAdmin, nil, cmdACLList),
+			none("acl|getuser", 3, aclAdminF, aclAdmin, nil, cmdACLGetUser),
+			none("acl|setuser", -3, aclAdminF, aclAdmin, nil, cmdACLSetUser),
+			none("acl|deluser", -3, aclAdminF, aclAdmin, nil, cmdACLDelUser),
+			none("acl|cat", -2, fSub, aSlow, nil, cmdACLCat),
+			none("acl|save", 2, aclAdminF, aclAdmin, nil, cmdACLUnsupported),
+			none("acl|load", 2, aclAdminF, aclAdmin, nil, cmdACLUnsupported),
+			none("acl|help", 2, []string{"loading", "stale"}, aSlow, nil, cmdHelp),
+		}},
 		none("readonly", 1, fConn, aConn, nil, cmdReadOnly),
 		none("readwrite", 1, fConn, aConn, nil, cmdReadWrite),
 		none("asking", 1, []string{"fast"}, aConn, nil, cmdAsking),
@@ -385,12 +400,28 @@ func (c *conn) dispatch(p *pipeline, args [][]byte) {
 		return
 	}
 	if !c.authed.Load() && !cmd.noAuth() {
-		cmd.stats.rejected.Add(1)
-		refuse(errReply("NOAUTH Authentication required."))
-		return
+		c.startUser() // the default user may have lost its password since
+		if !c.authed.Load() {
+			cmd.stats.rejected.Add(1)
+			if !c.s.users().loaded {
+				refuse(errReply(errUsersLoading))
+			} else {
+				refuse(errReply("NOAUTH Authentication required."))
+			}
+			return
+		}
 	}
 	slot := -1
-	if keys := cmd.keys(args); len(keys) > 0 {
+	keys := cmd.keys(args)
+	if !cmd.noAuth() {
+		if e, closeConn := c.checkAccess(cmd, keys); e != nil {
+			cmd.stats.rejected.Add(1)
+			refuse(e)
+			c.quit = c.quit || closeConn
+			return
+		}
+	}
+	if len(keys) > 0 {
 		slot = routing.Slot(keys[0])
 		for _, k := range keys[1:] {
 			if routing.Slot(k) != slot {
@@ -645,6 +676,17 @@ func helpText(name string) []string {
 			"INFO [<command-name> ...]", "    Return details about the given commands, or all of them.",
 			"DOCS [<command-name> ...]", "    Return documentation (none is served).",
 			"GETKEYS <full-command>", "    Return the keys from a full command.",
+			"HELP", "    Print this help.",
+		},
+		"acl": {
+			"ACL <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+			"CAT [<category>]", "    List all commands that belong to <category>, or all command categories.",
+			"DELUSER <username> [<username> ...]", "    Delete a list of users.",
+			"GETUSER <username>", "    Get the user's details.",
+			"LIST", "    Show users details in config file format.",
+			"SETUSER <username> <attribute> [<attribute> ...]", "    Create or modify a user with the specified attributes (docs/security.md).",
+			"USERS", "    List all the registered usernames.",
+			"WHOAMI", "    Return the current connection username.",
 			"HELP", "    Print this help.",
 		},
 		"config": {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/resp/acl"
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"github.com/tidwall/redcon"
@@ -662,7 +663,7 @@ func (c *conn) scanColl(p *pipeline, args [][]byte, slot int, k collScan) {
 func appendScanPage(b []byte, cursor string, elems []shardkv.Elem, pattern []byte, values bool) []byte {
 	n := 0
 	for _, e := range elems {
-		if pattern == nil || glob(pattern, e.Field, false) {
+		if pattern == nil || acl.Glob(pattern, e.Field, false) {
 			n++
 		}
 	}
@@ -673,7 +674,7 @@ func appendScanPage(b []byte, cursor string, elems []shardkv.Elem, pattern []byt
 	b = redcon.AppendBulkString(b, cursor)
 	b = redcon.AppendArray(b, n)
 	for _, e := range elems {
-		if pattern == nil || glob(pattern, e.Field, false) {
+		if pattern == nil || acl.Glob(pattern, e.Field, false) {
 			b = redcon.AppendBulk(b, e.Field)
 			if values {
 				b = redcon.AppendBulk(b, e.Value)

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shardkv/shardkv/pkg/resp/acl"
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"github.com/tidwall/redcon"
@@ -93,7 +94,7 @@ func cmdKeys(c *conn, p *pipeline, args [][]byte, _ int) {
 	pattern := args[1]
 	var match func([]byte) bool
 	if string(pattern) != "*" {
-		match = func(k []byte) bool { return glob(pattern, k, false) }
+		match = func(k []byte) bool { return acl.Glob(pattern, k, false) }
 	}
 	p.barrier()
 	var keys [][]byte

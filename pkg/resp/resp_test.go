@@ -45,6 +45,7 @@ func TestRESP(t *testing.T) {
 	e.run(t, "Lists", e.testLists)
 	e.run(t, "BlockingOrder", e.testBlockingOrder)
 	e.run(t, "SortedSets", e.testZSets)
+	e.run(t, "ACL", e.testACL)
 	e.run(t, "Close", e.testClose)
 	e.run(t, "LeaderIsolated", e.testLeaderIsolated) // last: it disturbs gA
 }

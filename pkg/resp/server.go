@@ -81,6 +81,10 @@ type Backend interface {
 	// MaxValueBytes and MaxKeyBytes are the group's size limits.
 	MaxValueBytes() int
 	MaxKeyBytes() int
+	// Users are the cluster's users as this replica last heard them (nil:
+	// not yet); SetUsers changes them (the specs are acl's text).
+	Users() *shardkvpb.UsersReply
+	SetUsers(ctx context.Context, req *shardkvpb.SetUsersRequest) (*shardkvpb.UsersReply, error)
 }
 
 var _ Backend = (*shardkv.Group)(nil)
@@ -244,6 +248,11 @@ type Server struct {
 	blocked blockQueue
 	// tlsRefusals logs failed TLS handshakes (ServeTLS), once per kind.
 	tlsRefusals *mtls.Refusals
+	// The users (users.go): the table parsed from the backend's copy, and
+	// the delays of failed AUTHs by host.
+	usersMu      sync.Mutex
+	userTab      *userTable
+	authThrottle authThrottle
 
 	// ctx is cancelled by Close, which cancels in-flight backend calls.
 	ctx    context.Context
@@ -258,6 +267,8 @@ type Server struct {
 
 	stats struct {
 		connected, total, rejected, commands, in, out, unknown, refused, protoErrs, inputRefusals, outputRefusals atomic.Int64
+		// authFailures: failed AUTHs (INFO acl_access_denied_auth).
+		authFailures atomic.Int64
 
 		// blocked: clients waiting in a blocking command (INFO blocked_clients).
 		blocked atomic.Int64
@@ -563,6 +574,8 @@ type conn struct {
 	authed  atomic.Bool // set by the executor (AUTH), read by the reader (limits)
 	resp3   atomic.Bool // HELLO 3: replies in RESP3 (resp3.go)
 	quit    bool        // QUIT: close after the replies are flushed
+	userMu  sync.Mutex
+	user    string // the user it is ("": not authenticated); users.go
 	burst   burst
 	sizes   map[string]int // value sizes last seen (pipeline.written)
 	// Transactions (multi.go): the open MULTI, the WATCHes, whether EXEC
@@ -587,7 +600,7 @@ func newConn(s *Server, nc net.Conn, id int64) *conn {
 	c := &conn{s: s, nc: nc,
 		q: newCmdQueue(s.cfg.MaxQueuedBytes), out: newOutbox(s.cfg.MaxOutputBytes, s.outBudget), w: countingWriter{nc, &s.stats.out},
 		id: id, created: now, lastAt: now, sizes: map[string]int{}}
-	c.authed.Store(s.cfg.Password == "")
+	c.startUser()
 	c.in = &connInput{nc: nc, rc: stampArrivals(nc), idle: s.cfg.IdleTimeout, stats: &s.stats.in}
 	c.rd = newReqReader(c.in, c.limits(), s.budget)
 	return c

@@ -2,6 +2,7 @@ package resp_test
 
 import (
 	"context"
+	"errors"
 	"regexp"
 	"strings"
 	"testing"
@@ -15,6 +16,12 @@ import (
 // the layouts a test world does not produce (hostnames, IPv6, a group with
 // no known leader, a slot range of one slot).
 type viewBackend struct{ topo shardkv.Topology }
+
+func (v *viewBackend) Users() *shardkvpb.UsersReply { return &shardkvpb.UsersReply{} }
+
+func (v *viewBackend) SetUsers(context.Context, *shardkvpb.SetUsersRequest) (*shardkvpb.UsersReply, error) {
+	return nil, errors.New("no users here")
+}
 
 func (v *viewBackend) ReadKeys(context.Context, [][]byte, bool, func(int) bool) ([]shardkv.ValueEntry, error) {
 	return nil, &shardkvpb.Refusal{Reason: shardkvpb.ReasonWrongGroup, Msg: "no config yet"}

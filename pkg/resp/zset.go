@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/shardkv/shardkv/pkg/resp/acl"
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"github.com/tidwall/redcon"
@@ -1138,7 +1139,7 @@ func cmdZScan(c *conn, p *pipeline, args [][]byte, slot int) {
 func appendZScanPage(b []byte, cursor string, elems []shardkv.Elem, pattern []byte, format func(float64) string) []byte {
 	n := 0
 	for _, e := range elems {
-		if pattern == nil || glob(pattern, e.Field, false) {
+		if pattern == nil || acl.Glob(pattern, e.Field, false) {
 			n++
 		}
 	}
@@ -1146,7 +1147,7 @@ func appendZScanPage(b []byte, cursor string, elems []shardkv.Elem, pattern []by
 	b = redcon.AppendBulkString(b, cursor)
 	b = redcon.AppendArray(b, 2*n)
 	for _, e := range elems {
-		if pattern == nil || glob(pattern, e.Field, false) {
+		if pattern == nil || acl.Glob(pattern, e.Field, false) {
 			b = redcon.AppendBulk(b, e.Field)
 			b = redcon.AppendBulkString(b, format(elemScore(e)))
 		}

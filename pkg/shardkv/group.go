@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
@@ -90,6 +91,8 @@ type Group struct {
 	heardMu sync.Mutex
 	heard   map[uint64]uint64 // gid -> leader replica, as the controller last heard
 
+	users atomic.Pointer[shardkvpb.UsersReply] // users.go
+
 	ctx  context.Context // cancelled by Stop
 	stop context.CancelFunc
 	wg   sync.WaitGroup
@@ -139,8 +142,9 @@ func NewGroup(cfg GroupConfig, r *raftgroup.Replica, sm *StateMachine) *Group {
 	go g.run()
 	go g.watchConfigs()
 	if cfg.TrackLeaders {
-		g.wg.Add(1)
+		g.wg.Add(2)
 		go g.trackLeaders()
+		go g.trackUsers()
 	}
 	return g
 }

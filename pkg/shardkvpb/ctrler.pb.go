@@ -1277,6 +1277,221 @@ func (x *ClusterStatus) GetOldestConfig() uint64 {
 	return 0
 }
 
+// User is one user of the Redis front end. The controller keeps it without
+// reading it: spec is the front end's canonical rule text (passwords as
+// hashes only), which the front ends parse.
+type User struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Spec  string                 `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Managed by the operator (from a Secret): SetUsers with
+	// replace_managed replaces exactly these.
+	Managed       bool `protobuf:"varint,3,opt,name=managed,proto3" json:"managed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *User) Reset() {
+	*x = User{}
+	mi := &file_ctrler_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *User) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*User) ProtoMessage() {}
+
+func (x *User) ProtoReflect() protoreflect.Message {
+	mi := &file_ctrler_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use User.ProtoReflect.Descriptor instead.
+func (*User) Descriptor() ([]byte, []int) {
+	return file_ctrler_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *User) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *User) GetSpec() string {
+	if x != nil {
+		return x.Spec
+	}
+	return ""
+}
+
+func (x *User) GetManaged() bool {
+	if x != nil {
+		return x.Managed
+	}
+	return false
+}
+
+type UsersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsersRequest) Reset() {
+	*x = UsersRequest{}
+	mi := &file_ctrler_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsersRequest) ProtoMessage() {}
+
+func (x *UsersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ctrler_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsersRequest.ProtoReflect.Descriptor instead.
+func (*UsersRequest) Descriptor() ([]byte, []int) {
+	return file_ctrler_proto_rawDescGZIP(), []int{19}
+}
+
+type UsersReply struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bumped by every applied SetUsers that changed something.
+	Version       uint64  `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Users         []*User `protobuf:"bytes,2,rep,name=users,proto3" json:"users,omitempty"` // by name
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsersReply) Reset() {
+	*x = UsersReply{}
+	mi := &file_ctrler_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsersReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsersReply) ProtoMessage() {}
+
+func (x *UsersReply) ProtoReflect() protoreflect.Message {
+	mi := &file_ctrler_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsersReply.ProtoReflect.Descriptor instead.
+func (*UsersReply) Descriptor() ([]byte, []int) {
+	return file_ctrler_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *UsersReply) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *UsersReply) GetUsers() []*User {
+	if x != nil {
+		return x.Users
+	}
+	return nil
+}
+
+type SetUsersRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Set    []*User                `protobuf:"bytes,1,rep,name=set,proto3" json:"set,omitempty"`       // added or replaced, by name
+	Delete []string               `protobuf:"bytes,2,rep,name=delete,proto3" json:"delete,omitempty"` // names
+	// Delete every managed user not in set first (the operator's sync).
+	ReplaceManaged bool `protobuf:"varint,3,opt,name=replace_managed,json=replaceManaged,proto3" json:"replace_managed,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SetUsersRequest) Reset() {
+	*x = SetUsersRequest{}
+	mi := &file_ctrler_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetUsersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetUsersRequest) ProtoMessage() {}
+
+func (x *SetUsersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_ctrler_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetUsersRequest.ProtoReflect.Descriptor instead.
+func (*SetUsersRequest) Descriptor() ([]byte, []int) {
+	return file_ctrler_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *SetUsersRequest) GetSet() []*User {
+	if x != nil {
+		return x.Set
+	}
+	return nil
+}
+
+func (x *SetUsersRequest) GetDelete() []string {
+	if x != nil {
+		return x.Delete
+	}
+	return nil
+}
+
+func (x *SetUsersRequest) GetReplaceManaged() bool {
+	if x != nil {
+		return x.ReplaceManaged
+	}
+	return false
+}
+
 var File_ctrler_proto protoreflect.FileDescriptor
 
 const file_ctrler_proto_rawDesc = "" +
@@ -1383,7 +1598,20 @@ const file_ctrler_proto_rawDesc = "" +
 	"controller\x12/\n" +
 	"\x06groups\x18\x03 \x03(\v2\x17.shardkv.v1.GroupStatusR\x06groups\x12\x18\n" +
 	"\anshards\x18\x04 \x01(\rR\anshards\x12#\n" +
-	"\roldest_config\x18\x05 \x01(\x04R\foldestConfig2\xeb\x03\n" +
+	"\roldest_config\x18\x05 \x01(\x04R\foldestConfig\"H\n" +
+	"\x04User\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04spec\x18\x02 \x01(\tR\x04spec\x12\x18\n" +
+	"\amanaged\x18\x03 \x01(\bR\amanaged\"\x0e\n" +
+	"\fUsersRequest\"N\n" +
+	"\n" +
+	"UsersReply\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12&\n" +
+	"\x05users\x18\x02 \x03(\v2\x10.shardkv.v1.UserR\x05users\"v\n" +
+	"\x0fSetUsersRequest\x12\"\n" +
+	"\x03set\x18\x01 \x03(\v2\x10.shardkv.v1.UserR\x03set\x12\x16\n" +
+	"\x06delete\x18\x02 \x03(\tR\x06delete\x12'\n" +
+	"\x0freplace_managed\x18\x03 \x01(\bR\x0ereplaceManaged2\xe7\x04\n" +
 	"\n" +
 	"Controller\x128\n" +
 	"\x04Join\x12\x17.shardkv.v1.JoinRequest\x1a\x17.shardkv.v1.ConfigReply\x12:\n" +
@@ -1393,7 +1621,9 @@ const file_ctrler_proto_rawDesc = "" +
 	"\x05Query\x12\x18.shardkv.v1.QueryRequest\x1a\x12.shardkv.v1.Config\x127\n" +
 	"\x05Watch\x12\x18.shardkv.v1.WatchRequest\x1a\x12.shardkv.v1.Config0\x01\x12:\n" +
 	"\x06Report\x12\x17.shardkv.v1.GroupReport\x1a\x17.shardkv.v1.ReportReply\x12E\n" +
-	"\x06Status\x12 .shardkv.v1.ClusterStatusRequest\x1a\x19.shardkv.v1.ClusterStatusB*Z(github.com/shardkv/shardkv/pkg/shardkvpbb\x06proto3"
+	"\x06Status\x12 .shardkv.v1.ClusterStatusRequest\x1a\x19.shardkv.v1.ClusterStatus\x129\n" +
+	"\x05Users\x12\x18.shardkv.v1.UsersRequest\x1a\x16.shardkv.v1.UsersReply\x12?\n" +
+	"\bSetUsers\x12\x1b.shardkv.v1.SetUsersRequest\x1a\x16.shardkv.v1.UsersReplyB*Z(github.com/shardkv/shardkv/pkg/shardkvpbb\x06proto3"
 
 var (
 	file_ctrler_proto_rawDescOnce sync.Once
@@ -1407,7 +1637,7 @@ func file_ctrler_proto_rawDescGZIP() []byte {
 	return file_ctrler_proto_rawDescData
 }
 
-var file_ctrler_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_ctrler_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_ctrler_proto_goTypes = []any{
 	(*Server)(nil),               // 0: shardkv.v1.Server
 	(*Group)(nil),                // 1: shardkv.v1.Group
@@ -1427,8 +1657,12 @@ var file_ctrler_proto_goTypes = []any{
 	(*ClusterStatusRequest)(nil), // 15: shardkv.v1.ClusterStatusRequest
 	(*GroupStatus)(nil),          // 16: shardkv.v1.GroupStatus
 	(*ClusterStatus)(nil),        // 17: shardkv.v1.ClusterStatus
-	(*Member)(nil),               // 18: shardkv.v1.Member
-	(*MemberStatus)(nil),         // 19: shardkv.v1.MemberStatus
+	(*User)(nil),                 // 18: shardkv.v1.User
+	(*UsersRequest)(nil),         // 19: shardkv.v1.UsersRequest
+	(*UsersReply)(nil),           // 20: shardkv.v1.UsersReply
+	(*SetUsersRequest)(nil),      // 21: shardkv.v1.SetUsersRequest
+	(*Member)(nil),               // 22: shardkv.v1.Member
+	(*MemberStatus)(nil),         // 23: shardkv.v1.MemberStatus
 }
 var file_ctrler_proto_depIdxs = []int32{
 	0,  // 0: shardkv.v1.Group.servers:type_name -> shardkv.v1.Server
@@ -1438,32 +1672,38 @@ var file_ctrler_proto_depIdxs = []int32{
 	1,  // 4: shardkv.v1.JoinRequest.groups:type_name -> shardkv.v1.Group
 	4,  // 5: shardkv.v1.ConfigReply.config:type_name -> shardkv.v1.Config
 	12, // 6: shardkv.v1.GroupReport.shards:type_name -> shardkv.v1.ShardState
-	18, // 7: shardkv.v1.GroupReport.members:type_name -> shardkv.v1.Member
+	22, // 7: shardkv.v1.GroupReport.members:type_name -> shardkv.v1.Member
 	13, // 8: shardkv.v1.GroupStatus.report:type_name -> shardkv.v1.GroupReport
 	4,  // 9: shardkv.v1.ClusterStatus.latest:type_name -> shardkv.v1.Config
-	19, // 10: shardkv.v1.ClusterStatus.controller:type_name -> shardkv.v1.MemberStatus
+	23, // 10: shardkv.v1.ClusterStatus.controller:type_name -> shardkv.v1.MemberStatus
 	16, // 11: shardkv.v1.ClusterStatus.groups:type_name -> shardkv.v1.GroupStatus
-	5,  // 12: shardkv.v1.Controller.Join:input_type -> shardkv.v1.JoinRequest
-	6,  // 13: shardkv.v1.Controller.Leave:input_type -> shardkv.v1.LeaveRequest
-	7,  // 14: shardkv.v1.Controller.Move:input_type -> shardkv.v1.MoveRequest
-	8,  // 15: shardkv.v1.Controller.Unpin:input_type -> shardkv.v1.UnpinRequest
-	10, // 16: shardkv.v1.Controller.Query:input_type -> shardkv.v1.QueryRequest
-	11, // 17: shardkv.v1.Controller.Watch:input_type -> shardkv.v1.WatchRequest
-	13, // 18: shardkv.v1.Controller.Report:input_type -> shardkv.v1.GroupReport
-	15, // 19: shardkv.v1.Controller.Status:input_type -> shardkv.v1.ClusterStatusRequest
-	9,  // 20: shardkv.v1.Controller.Join:output_type -> shardkv.v1.ConfigReply
-	9,  // 21: shardkv.v1.Controller.Leave:output_type -> shardkv.v1.ConfigReply
-	9,  // 22: shardkv.v1.Controller.Move:output_type -> shardkv.v1.ConfigReply
-	9,  // 23: shardkv.v1.Controller.Unpin:output_type -> shardkv.v1.ConfigReply
-	4,  // 24: shardkv.v1.Controller.Query:output_type -> shardkv.v1.Config
-	4,  // 25: shardkv.v1.Controller.Watch:output_type -> shardkv.v1.Config
-	14, // 26: shardkv.v1.Controller.Report:output_type -> shardkv.v1.ReportReply
-	17, // 27: shardkv.v1.Controller.Status:output_type -> shardkv.v1.ClusterStatus
-	20, // [20:28] is the sub-list for method output_type
-	12, // [12:20] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	18, // 12: shardkv.v1.UsersReply.users:type_name -> shardkv.v1.User
+	18, // 13: shardkv.v1.SetUsersRequest.set:type_name -> shardkv.v1.User
+	5,  // 14: shardkv.v1.Controller.Join:input_type -> shardkv.v1.JoinRequest
+	6,  // 15: shardkv.v1.Controller.Leave:input_type -> shardkv.v1.LeaveRequest
+	7,  // 16: shardkv.v1.Controller.Move:input_type -> shardkv.v1.MoveRequest
+	8,  // 17: shardkv.v1.Controller.Unpin:input_type -> shardkv.v1.UnpinRequest
+	10, // 18: shardkv.v1.Controller.Query:input_type -> shardkv.v1.QueryRequest
+	11, // 19: shardkv.v1.Controller.Watch:input_type -> shardkv.v1.WatchRequest
+	13, // 20: shardkv.v1.Controller.Report:input_type -> shardkv.v1.GroupReport
+	15, // 21: shardkv.v1.Controller.Status:input_type -> shardkv.v1.ClusterStatusRequest
+	19, // 22: shardkv.v1.Controller.Users:input_type -> shardkv.v1.UsersRequest
+	21, // 23: shardkv.v1.Controller.SetUsers:input_type -> shardkv.v1.SetUsersRequest
+	9,  // 24: shardkv.v1.Controller.Join:output_type -> shardkv.v1.ConfigReply
+	9,  // 25: shardkv.v1.Controller.Leave:output_type -> shardkv.v1.ConfigReply
+	9,  // 26: shardkv.v1.Controller.Move:output_type -> shardkv.v1.ConfigReply
+	9,  // 27: shardkv.v1.Controller.Unpin:output_type -> shardkv.v1.ConfigReply
+	4,  // 28: shardkv.v1.Controller.Query:output_type -> shardkv.v1.Config
+	4,  // 29: shardkv.v1.Controller.Watch:output_type -> shardkv.v1.Config
+	14, // 30: shardkv.v1.Controller.Report:output_type -> shardkv.v1.ReportReply
+	17, // 31: shardkv.v1.Controller.Status:output_type -> shardkv.v1.ClusterStatus
+	20, // 32: shardkv.v1.Controller.Users:output_type -> shardkv.v1.UsersReply
+	20, // 33: shardkv.v1.Controller.SetUsers:output_type -> shardkv.v1.UsersReply
+	24, // [24:34] is the sub-list for method output_type
+	14, // [14:24] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_ctrler_proto_init() }
@@ -1478,7 +1718,7 @@ func file_ctrler_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ctrler_proto_rawDesc), len(file_ctrler_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,14 +19,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Controller_Join_FullMethodName   = "/shardkv.v1.Controller/Join"
-	Controller_Leave_FullMethodName  = "/shardkv.v1.Controller/Leave"
-	Controller_Move_FullMethodName   = "/shardkv.v1.Controller/Move"
-	Controller_Unpin_FullMethodName  = "/shardkv.v1.Controller/Unpin"
-	Controller_Query_FullMethodName  = "/shardkv.v1.Controller/Query"
-	Controller_Watch_FullMethodName  = "/shardkv.v1.Controller/Watch"
-	Controller_Report_FullMethodName = "/shardkv.v1.Controller/Report"
-	Controller_Status_FullMethodName = "/shardkv.v1.Controller/Status"
+	Controller_Join_FullMethodName     = "/shardkv.v1.Controller/Join"
+	Controller_Leave_FullMethodName    = "/shardkv.v1.Controller/Leave"
+	Controller_Move_FullMethodName     = "/shardkv.v1.Controller/Move"
+	Controller_Unpin_FullMethodName    = "/shardkv.v1.Controller/Unpin"
+	Controller_Query_FullMethodName    = "/shardkv.v1.Controller/Query"
+	Controller_Watch_FullMethodName    = "/shardkv.v1.Controller/Watch"
+	Controller_Report_FullMethodName   = "/shardkv.v1.Controller/Report"
+	Controller_Status_FullMethodName   = "/shardkv.v1.Controller/Status"
+	Controller_Users_FullMethodName    = "/shardkv.v1.Controller/Users"
+	Controller_SetUsers_FullMethodName = "/shardkv.v1.Controller/SetUsers"
 )
 
 // ControllerClient is the client API for Controller service.
@@ -50,6 +52,11 @@ type ControllerClient interface {
 	// Status returns the cluster: latest config, controller members, and what
 	// each group last reported.
 	Status(ctx context.Context, in *ClusterStatusRequest, opts ...grpc.CallOption) (*ClusterStatus, error)
+	// Users returns the cluster's users (the Redis front end's ACL), so that
+	// every replica of every group agrees on them.
+	Users(ctx context.Context, in *UsersRequest, opts ...grpc.CallOption) (*UsersReply, error)
+	// SetUsers adds, replaces and deletes users (logged, then applied).
+	SetUsers(ctx context.Context, in *SetUsersRequest, opts ...grpc.CallOption) (*UsersReply, error)
 }
 
 type controllerClient struct {
@@ -149,6 +156,26 @@ func (c *controllerClient) Status(ctx context.Context, in *ClusterStatusRequest,
 	return out, nil
 }
 
+func (c *controllerClient) Users(ctx context.Context, in *UsersRequest, opts ...grpc.CallOption) (*UsersReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UsersReply)
+	err := c.cc.Invoke(ctx, Controller_Users_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *controllerClient) SetUsers(ctx context.Context, in *SetUsersRequest, opts ...grpc.CallOption) (*UsersReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UsersReply)
+	err := c.cc.Invoke(ctx, Controller_SetUsers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ControllerServer is the server API for Controller service.
 // All implementations must embed UnimplementedControllerServer
 // for forward compatibility.
@@ -170,6 +197,11 @@ type ControllerServer interface {
 	// Status returns the cluster: latest config, controller members, and what
 	// each group last reported.
 	Status(context.Context, *ClusterStatusRequest) (*ClusterStatus, error)
+	// Users returns the cluster's users (the Redis front end's ACL), so that
+	// every replica of every group agrees on them.
+	Users(context.Context, *UsersRequest) (*UsersReply, error)
+	// SetUsers adds, replaces and deletes users (logged, then applied).
+	SetUsers(context.Context, *SetUsersRequest) (*UsersReply, error)
 	mustEmbedUnimplementedControllerServer()
 }
 
@@ -203,6 +235,12 @@ func (UnimplementedControllerServer) Report(context.Context, *GroupReport) (*Rep
 }
 func (UnimplementedControllerServer) Status(context.Context, *ClusterStatusRequest) (*ClusterStatus, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedControllerServer) Users(context.Context, *UsersRequest) (*UsersReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method Users not implemented")
+}
+func (UnimplementedControllerServer) SetUsers(context.Context, *SetUsersRequest) (*UsersReply, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetUsers not implemented")
 }
 func (UnimplementedControllerServer) mustEmbedUnimplementedControllerServer() {}
 func (UnimplementedControllerServer) testEmbeddedByValue()                    {}
@@ -362,6 +400,42 @@ func _Controller_Status_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Controller_Users_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UsersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControllerServer).Users(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Controller_Users_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControllerServer).Users(ctx, req.(*UsersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Controller_SetUsers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetUsersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ControllerServer).SetUsers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Controller_SetUsers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ControllerServer).SetUsers(ctx, req.(*SetUsersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Controller_ServiceDesc is the grpc.ServiceDesc for Controller service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -396,6 +470,14 @@ var Controller_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Controller_Status_Handler,
+		},
+		{
+			MethodName: "Users",
+			Handler:    _Controller_Users_Handler,
+		},
+		{
+			MethodName: "SetUsers",
+			Handler:    _Controller_SetUsers_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

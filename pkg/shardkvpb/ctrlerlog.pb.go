@@ -36,6 +36,7 @@ type ControllerCommand struct {
 	//	*ControllerCommand_Unpin
 	//	*ControllerCommand_Compact
 	//	*ControllerCommand_CutOver
+	//	*ControllerCommand_SetUsers
 	Op isControllerCommand_Op `protobuf_oneof:"op"`
 	// Set by controllers that announce moves (Config.moves) before handing
 	// shards over; a mutation logged by an earlier controller, without it, is
@@ -147,6 +148,15 @@ func (x *ControllerCommand) GetCutOver() *ControllerCutOver {
 	return nil
 }
 
+func (x *ControllerCommand) GetSetUsers() *SetUsersRequest {
+	if x != nil {
+		if x, ok := x.Op.(*ControllerCommand_SetUsers); ok {
+			return x.SetUsers
+		}
+	}
+	return nil
+}
+
 func (x *ControllerCommand) GetPlanMoves() bool {
 	if x != nil {
 		return x.PlanMoves
@@ -189,6 +199,11 @@ type ControllerCommand_CutOver struct {
 	CutOver *ControllerCutOver `protobuf:"bytes,7,opt,name=cut_over,json=cutOver,proto3,oneof"`
 }
 
+type ControllerCommand_SetUsers struct {
+	// The Redis front ends' users (not part of the configs).
+	SetUsers *SetUsersRequest `protobuf:"bytes,9,opt,name=set_users,json=setUsers,proto3,oneof"`
+}
+
 func (*ControllerCommand_Init) isControllerCommand_Op() {}
 
 func (*ControllerCommand_Join) isControllerCommand_Op() {}
@@ -202,6 +217,8 @@ func (*ControllerCommand_Unpin) isControllerCommand_Op() {}
 func (*ControllerCommand_Compact) isControllerCommand_Op() {}
 
 func (*ControllerCommand_CutOver) isControllerCommand_Op() {}
+
+func (*ControllerCommand_SetUsers) isControllerCommand_Op() {}
 
 type ControllerInit struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -351,7 +368,7 @@ var File_ctrlerlog_proto protoreflect.FileDescriptor
 const file_ctrlerlog_proto_rawDesc = "" +
 	"\n" +
 	"\x0fctrlerlog.proto\x12\n" +
-	"shardkv.v1\x1a\fctrler.proto\"\xa9\x03\n" +
+	"shardkv.v1\x1a\fctrler.proto\"\xe5\x03\n" +
 	"\x11ControllerCommand\x120\n" +
 	"\x04init\x18\x01 \x01(\v2\x1a.shardkv.v1.ControllerInitH\x00R\x04init\x12-\n" +
 	"\x04join\x18\x02 \x01(\v2\x17.shardkv.v1.JoinRequestH\x00R\x04join\x120\n" +
@@ -359,7 +376,8 @@ const file_ctrlerlog_proto_rawDesc = "" +
 	"\x04move\x18\x04 \x01(\v2\x17.shardkv.v1.MoveRequestH\x00R\x04move\x120\n" +
 	"\x05unpin\x18\x05 \x01(\v2\x18.shardkv.v1.UnpinRequestH\x00R\x05unpin\x129\n" +
 	"\acompact\x18\x06 \x01(\v2\x1d.shardkv.v1.ControllerCompactH\x00R\acompact\x12:\n" +
-	"\bcut_over\x18\a \x01(\v2\x1d.shardkv.v1.ControllerCutOverH\x00R\acutOver\x12\x1d\n" +
+	"\bcut_over\x18\a \x01(\v2\x1d.shardkv.v1.ControllerCutOverH\x00R\acutOver\x12:\n" +
+	"\tset_users\x18\t \x01(\v2\x1b.shardkv.v1.SetUsersRequestH\x00R\bsetUsers\x12\x1d\n" +
 	"\n" +
 	"plan_moves\x18\b \x01(\bR\tplanMovesB\x04\n" +
 	"\x02opJ\x04\b\x0f\x10\x10\"F\n" +
@@ -393,7 +411,8 @@ var file_ctrlerlog_proto_goTypes = []any{
 	(*LeaveRequest)(nil),      // 5: shardkv.v1.LeaveRequest
 	(*MoveRequest)(nil),       // 6: shardkv.v1.MoveRequest
 	(*UnpinRequest)(nil),      // 7: shardkv.v1.UnpinRequest
-	(*PlannedMove)(nil),       // 8: shardkv.v1.PlannedMove
+	(*SetUsersRequest)(nil),   // 8: shardkv.v1.SetUsersRequest
+	(*PlannedMove)(nil),       // 9: shardkv.v1.PlannedMove
 }
 var file_ctrlerlog_proto_depIdxs = []int32{
 	1, // 0: shardkv.v1.ControllerCommand.init:type_name -> shardkv.v1.ControllerInit
@@ -403,12 +422,13 @@ var file_ctrlerlog_proto_depIdxs = []int32{
 	7, // 4: shardkv.v1.ControllerCommand.unpin:type_name -> shardkv.v1.UnpinRequest
 	2, // 5: shardkv.v1.ControllerCommand.compact:type_name -> shardkv.v1.ControllerCompact
 	3, // 6: shardkv.v1.ControllerCommand.cut_over:type_name -> shardkv.v1.ControllerCutOver
-	8, // 7: shardkv.v1.ControllerCutOver.moves:type_name -> shardkv.v1.PlannedMove
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	8, // 7: shardkv.v1.ControllerCommand.set_users:type_name -> shardkv.v1.SetUsersRequest
+	9, // 8: shardkv.v1.ControllerCutOver.moves:type_name -> shardkv.v1.PlannedMove
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_ctrlerlog_proto_init() }
@@ -425,6 +445,7 @@ func file_ctrlerlog_proto_init() {
 		(*ControllerCommand_Unpin)(nil),
 		(*ControllerCommand_Compact)(nil),
 		(*ControllerCommand_CutOver)(nil),
+		(*ControllerCommand_SetUsers)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

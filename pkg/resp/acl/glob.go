@@ -1,10 +1,10 @@
-package resp
+package acl
 
-// glob reports whether s matches pattern with Redis's glob rules
+// Glob reports whether s matches pattern with Redis's glob rules
 // (stringmatchlen in Redis's util.c): * and ? match any run and any byte,
 // [abc], [^abc] and [a-z] match a class of bytes, and \ escapes the next
 // byte. nocase folds ASCII letters (CONFIG GET patterns).
-func glob(pattern, s []byte, nocase bool) bool {
+func Glob(pattern, s []byte, nocase bool) bool {
 	skipLonger := false
 	return globMatch(pattern, s, nocase, &skipLonger)
 }

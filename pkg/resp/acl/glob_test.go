@@ -1,4 +1,4 @@
-package resp
+package acl
 
 import "testing"
 
@@ -43,16 +43,16 @@ func TestGlob(t *testing.T) {
 			for _, m := range want {
 				w = w || m == s
 			}
-			if got := glob([]byte(pat), []byte(s), false); got != w {
-				t.Errorf("glob(%q, %q) = %v, Redis says %v", pat, s, got, w)
+			if got := Glob([]byte(pat), []byte(s), false); got != w {
+				t.Errorf("Glob(%q, %q) = %v, Redis says %v", pat, s, got, w)
 			}
 		}
 	}
 	// Case folding (CONFIG GET patterns).
-	if !glob([]byte("MAX*"), []byte("maxclients"), true) || glob([]byte("MAX*"), []byte("maxclients"), false) {
+	if !Glob([]byte("MAX*"), []byte("maxclients"), true) || Glob([]byte("MAX*"), []byte("maxclients"), false) {
 		t.Error("nocase")
 	}
-	if !glob([]byte("[A-C]x"), []byte("bx"), true) {
+	if !Glob([]byte("[A-C]x"), []byte("bx"), true) {
 		t.Error("nocase range")
 	}
 	// Many stars must not take exponential time.
@@ -60,7 +60,7 @@ func TestGlob(t *testing.T) {
 	for i := range long {
 		long[i] = 'a'
 	}
-	if glob([]byte("*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b"), long, false) {
+	if Glob([]byte("*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*b"), long, false) {
 		t.Error("matched without a b")
 	}
 }
