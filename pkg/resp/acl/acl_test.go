@@ -23,7 +23,7 @@ func TestRulesAndChecks(t *testing.T) {
 		{"set", []string{"@write", "@string", "@slow"}, true},
 		{"del", []string{"@keyspace", "@write", "@slow"}, false},
 		{"keys", []string{"@keyspace", "@read", "@slow", "@dangerous"}, false}, // -@dangerous after +@read
-		{"config|get", []string{"@admin", "@slow", "@dangerous"}, true},          // +config after -@dangerous
+		{"config|get", []string{"@admin", "@slow", "@dangerous"}, true},        // +config after -@dangerous
 		{"config|set", []string{"@admin", "@slow", "@dangerous"}, false},
 	} {
 		if got := u.CanRun(c.name, c.cats); got != c.want {
