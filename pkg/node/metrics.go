@@ -86,6 +86,7 @@ var (
 	descRESPRefuse = prometheus.NewDesc("shardkv_resp_refused_total", "Redis commands answered MOVED, TRYAGAIN or CLUSTERDOWN (not executed).", nil, nil)
 	descRESPUnk    = prometheus.NewDesc("shardkv_resp_outcome_unknown_total", "Redis writes answered 'outcome unknown' (proposed, result not known).", nil, nil)
 	descRESPReject = prometheus.NewDesc("shardkv_resp_rejected_connections_total", "Redis connections refused at the client limit.", nil, nil)
+	descRESPAuth   = prometheus.NewDesc("shardkv_resp_auth_failures_total", "Failed Redis AUTHs (wrong user or password, or a user turned off).", nil, nil)
 )
 
 // collector reads the replica's counters at scrape time.
@@ -95,7 +96,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTerm, descCommit, descApplied, descLeader, descProposals, descPropFailed, descFsyncs,
 		descRounds, descReadIndex, descSnapSent, descSnapRecv, descDropped, descShards, descMigKeys, descMigBytes, descGCKeys, descErrors, descConfig,
 		descMovePause, descCopyKeys, descCopyTotal, descCopyBytes, descCopyTotB, descCopyLag,
-		descRESPConns, descRESPCmds, descRESPRefuse, descRESPUnk, descRESPReject} {
+		descRESPConns, descRESPCmds, descRESPRefuse, descRESPUnk, descRESPReject, descRESPAuth} {
 		ch <- d
 	}
 }
@@ -170,6 +171,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		counter(descRESPRefuse, uint64(st.Refused))
 		counter(descRESPUnk, uint64(st.OutcomeUnknown))
 		counter(descRESPReject, uint64(st.RejectedConnections))
+		counter(descRESPAuth, uint64(st.AuthFailures))
 	}
 	for kind, v := range c.n.errs.snapshot() {
 		counter(descErrors, v, kind)

@@ -94,6 +94,7 @@ func (s *Server) infoSections(include func(string) bool, tls bool) []infoSection
 			fmt.Sprintf("total_net_input_bytes:%d", st.NetInputBytes),
 			fmt.Sprintf("total_net_output_bytes:%d", st.NetOutputBytes),
 			fmt.Sprintf("rejected_connections:%d", st.RejectedConnections),
+			fmt.Sprintf("acl_access_denied_auth:%d", st.AuthFailures),
 			fmt.Sprintf("refused_commands:%d", st.Refused),
 			fmt.Sprintf("outcome_unknown_writes:%d", st.OutcomeUnknown),
 			fmt.Sprintf("protocol_errors:%d", st.ProtocolErrors),

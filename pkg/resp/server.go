@@ -209,6 +209,7 @@ type Stats struct {
 	ConnectedClients    int64
 	TotalConnections    int64 // accepted, rejected ones included
 	RejectedConnections int64 // refused for MaxClients
+	AuthFailures        int64 // failed AUTHs (INFO acl_access_denied_auth)
 	TotalCommands       int64
 	NetInputBytes       int64
 	NetOutputBytes      int64
@@ -482,6 +483,7 @@ func (s *Server) Stats() Stats {
 		ConnectedClients:    s.stats.connected.Load(),
 		TotalConnections:    s.stats.total.Load(),
 		RejectedConnections: s.stats.rejected.Load(),
+		AuthFailures:        s.stats.authFailures.Load(),
 		TotalCommands:       s.stats.commands.Load(),
 		NetInputBytes:       s.stats.in.Load(),
 		NetOutputBytes:      s.stats.out.Load(),
