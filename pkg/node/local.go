@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,8 +41,11 @@ type LocalOptions struct {
 	Placement      string `json:"placement"`
 	// TLS: mutual TLS everywhere, with a CA and certificates made under
 	// DataDir/tls (localtls.go).
-	TLS      bool   `json:"tls"`
-	LogLevel string `json:"-"`
+	TLS bool `json:"tls"`
+	// RESPPlain: with TLS, Redis also in plain text on the RESP ports, and
+	// over TLS 1000 above them.
+	RESPPlain bool   `json:"resp_plain"`
+	LogLevel  string `json:"-"`
 	// MigrateBytesPerSec is passed to every data group (node serve).
 	MigrateBytesPerSec int64 `json:"-"`
 	// ReportEvery is passed to every data group (node serve).
@@ -69,6 +74,7 @@ func ParseLocal(args []string, stderr io.Writer) (*LocalOptions, error) {
 	fs.Int64Var(&o.MigrateBytesPerSec, "migrate-bytes-per-sec", 0, "every data group's copy rate limit, bytes/s (0: none)")
 	fs.DurationVar(&o.ReportEvery, "report-every", 0, "how often every data group's leader reports to the controller (0: 500ms)")
 	fs.BoolVar(&o.PProf, "pprof", false, "every process serves Go's profiler under /debug/pprof/ on its HTTP port")
+	fs.BoolVar(&o.RESPPlain, "resp-plain", false, "with --tls: serve Redis in plain text on the RESP ports too, and over TLS on RESP+1000 (base+3000+i); plain-text Redis clients are then not authenticated by TLS")
 	fs.BoolVar(&o.TLS, "tls", false, "mutual TLS on every gRPC connection and HTTPS on the HTTP ports, with a CA and certificates made under --data-dir/tls (fixed when the cluster is created); kvctl finds the admin certificate")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
@@ -82,7 +88,9 @@ func ParseLocal(args []string, stderr io.Writer) (*LocalOptions, error) {
 		return nil, errors.New("--replicas and --ctrler-replicas must be >= 1")
 	case o.SpareGroups < 0:
 		return nil, errors.New("--spare-groups must be >= 0")
-	case o.BasePort < 1 || o.BasePort+2000+o.processes() > 65535:
+	case o.RESPPlain && !o.TLS:
+		return nil, errors.New("--resp-plain is for --tls clusters (without --tls, Redis is only plain text)")
+	case o.BasePort < 1 || o.BasePort+3000+o.processes() > 65535:
 		return nil, fmt.Errorf("--base-port=%d leaves no room for %d processes", o.BasePort, o.processes())
 	}
 	if err := routing.ValidateShards(o.Shards); err != nil {
@@ -140,6 +148,7 @@ func (o *LocalOptions) reconcileDisk() (resumed bool, err error) {
 	check("shards", o.Shards, disk.Shards, func() { o.Shards = disk.Shards })
 	check("placement", o.Placement, disk.Placement, func() { o.Placement = disk.Placement })
 	check("tls", o.TLS, disk.TLS, func() { o.TLS = disk.TLS })
+	check("resp-plain", o.RESPPlain, disk.RESPPlain, func() { o.RESPPlain = disk.RESPPlain })
 	if len(bad) > 0 {
 		return true, fmt.Errorf("%s holds a cluster created with other settings; these flags contradict it: %s. Drop them to resume it, or use another --data-dir",
 			o.DataDir, strings.Join(bad, ", "))
@@ -156,6 +165,7 @@ type proc struct {
 	grpc     string
 	http     string
 	resp     string
+	respTLS  string // with --tls: the Redis TLS endpoint (resp itself unless --resp-plain)
 	args     []string
 	logPath  string
 	mu       sync.Mutex
@@ -181,7 +191,14 @@ func (o *LocalOptions) layout() (ctrl []*proc, groups map[uint64][]*proc) {
 		for id := 1; id <= o.Replicas; id++ {
 			g, h, r := next()
 			p := &proc{name: fmt.Sprintf("group-%d-%d", gid, id), role: "group", gid: gid, id: uint64(id), grpc: g, http: h}
-			if o.RESP {
+			switch {
+			case o.RESP && o.TLS && o.RESPPlain:
+				host, port, _ := net.SplitHostPort(r)
+				pn, _ := strconv.Atoi(port)
+				p.resp, p.respTLS = r, net.JoinHostPort(host, strconv.Itoa(pn+1000))
+			case o.RESP && o.TLS:
+				p.respTLS = r
+			case o.RESP:
 				p.resp = r
 			}
 			groups[gid] = append(groups[gid], p)
@@ -212,12 +229,11 @@ func (o *LocalOptions) layout() (ctrl []*proc, groups map[uint64][]*proc) {
 			p.args = []string{"serve", "--role=group", fmt.Sprint("--group=", gid), fmt.Sprint("--id=", p.id),
 				"--data-dir=" + filepath.Join(o.DataDir, p.name), "--listen=" + p.grpc, "--http=" + p.http,
 				"--peers=" + peers(ps), "--ctrler=" + strings.Join(ctrlAddrs, ","), "--log-level=" + o.LogLevel}
-			switch {
-			case p.resp != "" && o.TLS:
-				// TLS only: plain-text Redis clients are refused.
-				p.args = append(p.args, "--resp-tls="+p.resp)
-			case p.resp != "":
+			if p.resp != "" {
 				p.args = append(p.args, "--resp="+p.resp)
+			}
+			if p.respTLS != "" {
+				p.args = append(p.args, "--resp-tls="+p.respTLS)
 			}
 			if o.MigrateBytesPerSec > 0 {
 				p.args = append(p.args, fmt.Sprint("--migrate-bytes-per-sec=", o.MigrateBytesPerSec))
@@ -408,11 +424,7 @@ func bringUp(ctx context.Context, o *LocalOptions, ctrlAddrs []string, groups ma
 		if !hasGroup(conf, gid) {
 			g := &shardkvpb.Group{Gid: gid}
 			for _, p := range groups[gid] {
-				srv := &shardkvpb.Server{Id: p.id, Addr: p.grpc, RespAddr: p.resp}
-				if o.TLS {
-					srv.RespAddr, srv.RespTlsAddr = "", p.resp
-				}
-				g.Servers = append(g.Servers, srv)
+				g.Servers = append(g.Servers, &shardkvpb.Server{Id: p.id, Addr: p.grpc, RespAddr: p.resp, RespTlsAddr: p.respTLS})
 			}
 			toJoin = append(toJoin, g)
 		}
@@ -481,6 +493,9 @@ func printEndpoints(out io.Writer, o *LocalOptions, ctrl []*proc, groups map[uin
 		for _, p := range groups[gid] {
 			resp := p.resp
 			if resp == "" {
+				resp = p.respTLS
+			}
+			if resp == "" {
 				resp = "-"
 			}
 			fmt.Fprintf(tw, "%s\tgroup %d\t%s\t%s\t%s\t%s\n", p.name, gid, p.grpc, resp, p.http, joined)
@@ -500,7 +515,10 @@ func printEndpoints(out io.Writer, o *LocalOptions, ctrl []*proc, groups map[uin
 	}
 	switch {
 	case o.RESP && o.TLS:
-		fmt.Fprintf(out, "  redis-cli --tls --cacert %s -c -p %s set k v\n", filepath.Join(o.tlsDir(), "ca", "ca.crt"), strings.TrimPrefix(groups[1][0].resp, o.Host+":"))
+		if o.RESPPlain {
+			fmt.Fprintf(out, "  redis-cli -c -p %s set k v    (plain text; over TLS 1000 above)\n", strings.TrimPrefix(groups[1][0].resp, o.Host+":"))
+		}
+		fmt.Fprintf(out, "  redis-cli --tls --cacert %s -c -p %s set k v\n", filepath.Join(o.tlsDir(), "ca", "ca.crt"), strings.TrimPrefix(groups[1][0].respTLS, o.Host+":"))
 	case o.RESP:
 		fmt.Fprintf(out, "  redis-cli -c -p %s set k v\n", strings.TrimPrefix(groups[1][0].resp, o.Host+":"))
 	}

@@ -138,3 +138,58 @@ print(sorted(set(n.port for n in rc.get_nodes())))
 		t.Fatal("python3-redis is missing (.ci/run installs it)")
 	}
 }
+
+// TestRedisTLSAndPlain: with --resp-plain, a replica serves Redis both in
+// plain text and over TLS; each kind of client is shown, and redirected
+// to, the endpoints it can reach the same way.
+func TestRedisTLSAndPlain(t *testing.T) {
+	needProcesses(t)
+	c := startTLSLocal(t, 3, "--resp-plain", "--groups=2", "--replicas=1", "--ctrler-replicas=1", "--spare-groups=0", "--shards=16")
+	plain := map[string]bool{}
+	tlsAddrs := map[string]bool{}
+	for _, addrs := range c.respAddrs() {
+		for _, a := range addrs {
+			host, port, _ := net.SplitHostPort(a)
+			var p int
+			fmt.Sscan(port, &p)
+			plain[a], tlsAddrs[net.JoinHostPort(host, fmt.Sprint(p+1000))] = true, true
+		}
+	}
+	pem, err := os.ReadFile(filepath.Join(c.dataDir, "tls", "ca", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name  string
+		seeds map[string]bool
+		tls   *tls.Config
+	}{{"plain", plain, nil}, {"TLS", tlsAddrs, &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}} {
+		var seed string
+		for a := range tc.seeds {
+			seed = a
+			break
+		}
+		cl := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{seed}, TLSConfig: tc.tls, MaxRedirects: 16})
+		for i := range 40 {
+			if err := cl.Set(ctx, fmt.Sprint(tc.name, i), i, 0).Err(); err != nil {
+				t.Fatalf("%s client SET: %v", tc.name, err)
+			}
+		}
+		slots, err := cl.ClusterSlots(ctx).Result() //lint:ignore SA1019 CLUSTER SLOTS is what most clients still read
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range slots {
+			for _, n := range s.Nodes {
+				if !tc.seeds[n.Addr] {
+					t.Fatalf("a %s client is shown %s, not one of %v", tc.name, n.Addr, tc.seeds)
+				}
+			}
+		}
+		cl.Close()
+	}
+}
