@@ -208,11 +208,14 @@ modset_knp() {
 # - main: upstream's cmd/main.go only works in a pod (rest.InClusterConfig)
 #   and stops only on SIGINT. Ours runs as a host process of
 #   hack/local-cluster.sh with a kubeconfig, stops on SIGTERM too (and then
-#   removes its nftables table, as upstream does on SIGINT), turns off NRI
-#   (containerd 1.6 has none; upstream's --disable-nri flag is not passed to
-#   the controller in v0.8.0), serves /readyz (200 once its nftables table
-#   exists, i.e. its rules are in), and has -cleanup (remove the table and
-#   exit) and -version. The policy logic is upstream's
+#   removes its nftables table, as upstream does on SIGINT), serves /readyz
+#   (200 once its nftables table exists, i.e. its rules are in), and has
+#   -cleanup (remove the table and exit) and -version. NRI stays on, as in
+#   upstream's main: containerd 1.6 has no NRI socket, so the plugin only
+#   logs that it cannot connect; turning it off (Config.NRIdisabled) leaves
+#   a nil plugin that v0.8.0 dereferences on the first packet from an
+#   address it has no pod for (a pod whose IP it has not seen yet), killing
+#   the enforcer. The policy logic is upstream's
 #   sigs.k8s.io/kube-network-policies/pkg/networkpolicy, unchanged.
 # - expr/queue.go of github.com/google/nftables: upstream sends the nftables
 #   "queue" expression, which needs nft_queue (CONFIG_NFT_QUEUE); kernels
@@ -346,7 +349,8 @@ func run() int {
 			NodeName:            *nodeName,
 			NetfilterBug1766Fix: *dnsFix,
 			NFTableName:         table,
-			NRIdisabled:         true,
+			// NRI stays on (see hack/build-k8s.sh): without a runtime
+			// socket it only logs; off, v0.8.0 panics on unknown IPs.
 		})
 	if err != nil {
 		logger.Error(err, "cannot create the network policy controller")
