@@ -75,7 +75,7 @@ func (e *env) networkPolicies(t *testing.T) {
 
 	// The probes of the other namespace get nothing through, while those
 	// of the named one keep succeeding.
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	var last []string
 	for time.Now().Before(deadline) {
 		last = last[:0]
@@ -91,7 +91,7 @@ func (e *env) networkPolicies(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 	}
-	t.Logf("clients in %s refused for 15s: %s", denied, strings.Join(last, "; "))
+	t.Logf("clients in %s refused for 10s: %s", denied, strings.Join(last, "; "))
 	for _, name := range []string{probeGo, probeRedis} {
 		e.workloadProgressIn(t, allowed, name, 10, time.Minute)
 	}

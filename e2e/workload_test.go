@@ -76,6 +76,11 @@ func (e *env) startWorkload(t *testing.T, name, target string) {
 // arguments of kvctl workload args (its target and load).
 func (e *env) startWorkloadIn(t *testing.T, ns, name string, args ...string) {
 	t.Helper()
+	// Each workload's keys are its own: a history starts from empty keys.
+	prefix := name
+	if ns != e.ns {
+		prefix = ns + "-" + name
+	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": "shardkv-e2e-workload"}},
 		Spec: corev1.PodSpec{
@@ -89,7 +94,7 @@ func (e *env) startWorkloadIn(t *testing.T, ns, name string, args ...string) {
 				Image:           e.image,
 				ImagePullPolicy: corev1.PullIfNotPresent,
 				Command: append(append([]string{"/kvctl", "workload"}, args...),
-					"--prefix="+name, "--listen=:"+workloadPort),
+					"--prefix="+prefix, "--listen=:"+workloadPort),
 				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8090}},
 				SecurityContext: &corev1.SecurityContext{
 					AllowPrivilegeEscalation: ptr.To(false),
