@@ -247,8 +247,10 @@ build_binaries() {
 find_bin_dir() {
   BIN=""
   [ -f "$STATE/bin-dir" ] && BIN=$(<"$STATE/bin-dir")
-  if [ -z "$BIN" ] || [ ! -x "$BIN/crictl" ] || [ ! -x "$BIN/kube-proxy" ] || [ ! -x "$BIN/kubectl" ] || [ ! -x "$BIN/kube-network-policies" ]; then
-    BIN=$("$REPO/hack/build-k8s.sh" crictl kube-proxy kubectl kube-network-policies | tail -n 1)
+  # (kube-network-policies is not built for this: if it ever ran, its
+  # binary is in BIN, for `-cleanup`.)
+  if [ -z "$BIN" ] || [ ! -x "$BIN/crictl" ] || [ ! -x "$BIN/kube-proxy" ] || [ ! -x "$BIN/kubectl" ]; then
+    BIN=$("$REPO/hack/build-k8s.sh" crictl kube-proxy kubectl | tail -n 1)
   fi
 }
 
