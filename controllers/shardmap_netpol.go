@@ -129,7 +129,7 @@ func (r *ShardMapReconciler) executeNetworkPolicy(ctx context.Context, sm *shard
 	if err != nil {
 		msg := fmt.Sprintf("cannot %s NetworkPolicy %s: %v", verb, name, err)
 		r.eventRelated(sm, obj, corev1.EventTypeWarning, ReasonNetworkPolicyFailed, action, "%s", msg)
-		c := smCondition{metav1.ConditionTrue, ReasonNetworkPolicyFailed, msg + " (retried with backoff; the cluster's other object steps wait)"}
+		c := smCondition{metav1.ConditionTrue, ReasonNetworkPolicyFailed, msg + " (retried with backoff; the ShardMap's later steps wait: objects, rolls, spec.moves)"}
 		return smOutcome{Progress: c, Degraded: c, Err: fmt.Errorf("%s NetworkPolicy %s: %w", verb, name, err)}, nil
 	}
 	what := "who may reach the pods: spec.network"
