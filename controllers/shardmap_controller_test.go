@@ -308,3 +308,33 @@ func TestShardMapDialPodIPs(t *testing.T) {
 		return nil
 	})
 }
+
+// TestShardMapUpdatesService: a controller Service written from another
+// spec (an older operator, or edited by hand along with its hash) is
+// brought back to the desired ports and hash with an update.
+func TestShardMapUpdatesService(t *testing.T) {
+	ns := newNamespace(t)
+	dp := newFakeDataPlane()
+	startManager(t, ns, setupShardMap(dp))
+	ctx := context.Background()
+	mustCreate(t, testShardMap(ns, "demo", 8, 1))
+	name := CtrlerName("demo")
+	svc := &corev1.Service{}
+	eventually(t, "controller Service", func() error { return get(ctx, ns, name, svc) })
+	want := svc.Annotations[annotationSpecHash]
+	wantPorts := svc.Spec.Ports
+	svc.Spec.Ports = svc.Spec.Ports[:1]
+	svc.Annotations[annotationSpecHash] = "stale"
+	if err := k8sClient.Update(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the Service updated back", func() error {
+		if err := get(ctx, ns, name, svc); err != nil {
+			return err
+		}
+		if h := svc.Annotations[annotationSpecHash]; h != want || len(svc.Spec.Ports) != len(wantPorts) {
+			return fmt.Errorf("hash %s (want %s), ports %v (want %v)", h, want, svc.Spec.Ports, wantPorts)
+		}
+		return nil
+	})
+}
