@@ -33,9 +33,10 @@ run: build
 ## test: the full test suite (the README's test command). The operator's
 ## tests run against a real kube-apiserver + etcd (envtest): the binaries
 ## come from hack/setup-envtest.sh (built once, cached), whose last output
-## line is their directory (KUBEBUILDER_ASSETS).
+## line is their directory (KUBEBUILDER_ASSETS); its kubectl renders
+## config/namespaced for the RBAC tests (and is the local cluster's too).
 test:
-	@out="$$(hack/setup-envtest.sh)" || { echo "test: hack/setup-envtest.sh failed" >&2; exit 1; }; \
+	@out="$$(hack/setup-envtest.sh --with-kubectl)" || { echo "test: hack/setup-envtest.sh failed" >&2; exit 1; }; \
 	assets="$$(printf '%s\n' "$$out" | tail -n 1)"; \
 	echo "KUBEBUILDER_ASSETS=$$assets $(GO) test -race -count=1 -timeout 30m ./..."; \
 	KUBEBUILDER_ASSETS="$$assets" SHARDKV_REQUIRE_ENVTEST=1 $(GO) test -race -count=1 -timeout 30m ./...

@@ -16,11 +16,18 @@ import (
 // they run the same binary from the same image.
 
 // NodeUID is the user the image runs as (distroless "nonroot"); the pods'
-// fsGroup makes their volumes writable to it.
+// fsGroup makes their volumes writable to it. The image is built from
+// static binaries without /etc/passwd, so the pods name it by number
+// (runAsNonRoot needs a numeric user to check).
 const NodeUID = 65532
 
 // defaultCallTimeout bounds one data-plane call of a reconcile pass.
 const defaultCallTimeout = 5 * time.Second
+
+// The pods of both kinds pass Pod Security "restricted" (docs/security.md):
+// the pod's context below and nodeContainerSecurityContext on the
+// container; TestPodSecurityRestricted checks the templates with the
+// admission controller's own checks.
 
 // nodePodSecurityContext runs node as NodeUID, owning /data.
 func nodePodSecurityContext() *corev1.PodSecurityContext {
@@ -30,6 +37,17 @@ func nodePodSecurityContext() *corev1.PodSecurityContext {
 		RunAsGroup:     ptr.To[int64](NodeUID),
 		FSGroup:        ptr.To[int64](NodeUID),
 		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// nodeContainerSecurityContext is the node container's: no privilege
+// escalation, no capabilities, and a read-only root filesystem (node
+// writes only under --data-dir, the /data volume).
+func nodeContainerSecurityContext() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false),
+		ReadOnlyRootFilesystem:   ptr.To(true),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 	}
 }
 

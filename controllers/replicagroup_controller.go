@@ -63,16 +63,39 @@ type ReplicaGroupReconciler struct {
 	CallTimeout time.Duration
 }
 
-// +kubebuilder:rbac:groups=shardkv.io,resources=replicagroups,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=shardkv.io,resources=replicagroups/status,verbs=get;update;patch
+// RBAC: exactly what the code calls (config/rbac/role.yaml; the envtest
+// suite runs the reconcilers with only these rights and fails on a verb
+// missing or unused, controllers/rbac_test.go). Reads of the watched kinds
+// come from the cache, so list and watch are enough for them ("list":
+// the informers' first list, streamed over the watch where the API server
+// serves that); "get" only where the code reads past the cache
+// (APIReader: ReplicaGroups, ShardMaps, StatefulSets, pods).
+//
+// ReplicaGroups: update adds the finalizer shardkv.io/drain and the
+// bootstrap-replicas annotation, and removes the finalizer once drained
+// (both are changes of the object itself, not of a subresource); never
+// patch. Status: update only (the group's status, and the ShardMap's
+// nextGroupID when a group id is allocated). "update" on the finalizers
+// subresources is not called by the code: where OwnerReferencesPermissionEnforcement
+// is on, creating the StatefulSet, Service and PodDisruptionBudget with a
+// controller reference (blockOwnerDeletion) to their ReplicaGroup needs it.
+// StatefulSets: create, update (the pod template), patch (replicas, with
+// an optimistic lock). Services and PodDisruptionBudgets: create, update.
+// Pods: get (a replica's IP, --dial-pod-ips; a replacement checked against
+// the API server), delete (rolling, replacing a replica). Claims: delete
+// (pvcRetention: Delete, a lost disk). Events: create, and patch when an
+// Event repeats (its series).
+//
+// +kubebuilder:rbac:groups=shardkv.io,resources=replicagroups,verbs=get;list;watch;update
+// +kubebuilder:rbac:groups=shardkv.io,resources=replicagroups/status,verbs=update
 // +kubebuilder:rbac:groups=shardkv.io,resources=replicagroups/finalizers,verbs=update
 // +kubebuilder:rbac:groups=shardkv.io,resources=shardmaps,verbs=get;list;watch
-// +kubebuilder:rbac:groups=shardkv.io,resources=shardmaps/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=shardkv.io,resources=shardmaps/status,verbs=update
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=services,verbs=list;watch;create;update
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
-// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=list;watch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetupWithManager registers the reconciler with mgr.

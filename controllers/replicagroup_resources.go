@@ -182,10 +182,11 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 				// /healthz answers while the process runs: it needs no
 				// leader, so a group that lost quorum still gets its pods
 				// in the Service's DNS.
-				ReadinessProbe: httpProbe(0, 5, 2, 3),
-				LivenessProbe:  httpProbe(10, 10, 2, 6),
-				Resources:      *rg.Spec.Resources.DeepCopy(),
-				VolumeMounts:   []corev1.VolumeMount{{Name: dataVolume, MountPath: "/data"}},
+				ReadinessProbe:  httpProbe(0, 5, 2, 3),
+				LivenessProbe:   httpProbe(10, 10, 2, 6),
+				Resources:       *rg.Spec.Resources.DeepCopy(),
+				VolumeMounts:    []corev1.VolumeMount{{Name: dataVolume, MountPath: "/data"}},
+				SecurityContext: nodeContainerSecurityContext(),
 			}},
 		},
 	}

@@ -109,14 +109,23 @@ type ShardMapReconciler struct {
 	baseCtx context.Context
 }
 
-// +kubebuilder:rbac:groups=shardkv.io,resources=shardmaps,verbs=get;list;watch;update;patch
-// +kubebuilder:rbac:groups=shardkv.io,resources=shardmaps/status,verbs=get;update;patch
+// RBAC (see also ReplicaGroupReconciler's): the ShardMap itself is only
+// read (get: the fresh object before a group id is allocated); its status
+// is updated. It has no finalizer of its own: "update" on
+// shardmaps/finalizers is for OwnerReferencesPermissionEnforcement, where
+// it is on, when the controller group's StatefulSet, Service and
+// PodDisruptionBudget are created owned by the ShardMap (blockOwnerDeletion).
+// Owned objects: create, and update when their spec hash changes; the
+// controller pods are deleted one at a time to roll them.
+//
+// +kubebuilder:rbac:groups=shardkv.io,resources=shardmaps,verbs=get;list;watch
+// +kubebuilder:rbac:groups=shardkv.io,resources=shardmaps/status,verbs=update
 // +kubebuilder:rbac:groups=shardkv.io,resources=shardmaps/finalizers,verbs=update
 // +kubebuilder:rbac:groups=shardkv.io,resources=replicagroups,verbs=get;list;watch
-// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups="",resources=services,verbs=list;watch;create;update
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch;create;update
+// +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetupWithManager registers the reconciler with mgr.

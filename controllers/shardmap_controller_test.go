@@ -178,12 +178,20 @@ func TestShardMapCreatesObjects(t *testing.T) {
 
 	// Resizing the controller group is refused by the CRD (CEL) until it
 	// is supported; the StatefulSet keeps its size.
+	// (Read and written again while the operator's status update races
+	// it: only a conflict is retried.)
 	var cur shardkvv1.ShardMap
-	if err := get(ctx, ns, "demo", &cur); err != nil {
-		t.Fatal(err)
+	var err error
+	for range 20 {
+		if err := get(ctx, ns, "demo", &cur); err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.Controller.Replicas = 5
+		if err = k8sClient.Update(ctx, &cur); !apierrors.IsConflict(err) {
+			break
+		}
 	}
-	cur.Spec.Controller.Replicas = 5
-	expectRefused(t, "controller resize", k8sClient.Update(ctx, &cur), "resizing the controller group is not supported")
+	expectRefused(t, "controller resize", err, "resizing the controller group is not supported")
 	if err := get(ctx, ns, name, sts); err != nil || *sts.Spec.Replicas != 3 {
 		t.Errorf("after resize request: replicas %d (%v), want 3", *sts.Spec.Replicas, err)
 	}
@@ -304,6 +312,36 @@ func TestShardMapDialPodIPs(t *testing.T) {
 	waitSM(t, ns, "demo", "status from the pod IP", func(sm *shardkvv1.ShardMap) error {
 		if sm.Status.ConfigNum != 1 || sm.Status.GroupCount != 1 {
 			return fmt.Errorf("configNum %d groups %d", sm.Status.ConfigNum, sm.Status.GroupCount)
+		}
+		return nil
+	})
+}
+
+// TestShardMapUpdatesService: a controller Service written from another
+// spec (an older operator, or edited by hand along with its hash) is
+// brought back to the desired ports and hash with an update.
+func TestShardMapUpdatesService(t *testing.T) {
+	ns := newNamespace(t)
+	dp := newFakeDataPlane()
+	startManager(t, ns, setupShardMap(dp))
+	ctx := context.Background()
+	mustCreate(t, testShardMap(ns, "demo", 8, 1))
+	name := CtrlerName("demo")
+	svc := &corev1.Service{}
+	eventually(t, "controller Service", func() error { return get(ctx, ns, name, svc) })
+	want := svc.Annotations[annotationSpecHash]
+	wantPorts := svc.Spec.Ports
+	svc.Spec.Ports = svc.Spec.Ports[:1]
+	svc.Annotations[annotationSpecHash] = "stale"
+	if err := k8sClient.Update(ctx, svc); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the Service updated back", func() error {
+		if err := get(ctx, ns, name, svc); err != nil {
+			return err
+		}
+		if h := svc.Annotations[annotationSpecHash]; h != want || len(svc.Spec.Ports) != len(wantPorts) {
+			return fmt.Errorf("hash %s (want %s), ports %v (want %v)", h, want, svc.Spec.Ports, wantPorts)
 		}
 		return nil
 	})

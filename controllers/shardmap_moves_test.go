@@ -77,6 +77,23 @@ func TestShardMapMoves(t *testing.T) {
 		return k8sClient.Update(context.Background(), &cur)
 	})
 	eventually(t, "MoveFailed event", func() error { return hasEvent(ns, "demo", "MoveFailed", "move shard 1 to b (gid 2): not leader") })
+	// Its retries are one Event, patched into a series, not an Event each.
+	eventually(t, "MoveFailed counted as a series", func() error {
+		evs, err := eventsFor(ns, "demo")
+		if err != nil {
+			return err
+		}
+		var seen []string
+		for _, e := range evs {
+			if e.Reason == "MoveFailed" {
+				if e.Series != nil && e.Series.Count >= 2 {
+					return nil
+				}
+				seen = append(seen, fmt.Sprintf("series %+v", e.Series))
+			}
+		}
+		return fmt.Errorf("MoveFailed Events: %v", seen)
+	})
 	fc.FailWith("Move", nil)
 	waitSM(t, ns, "demo", "moves applied", func(sm *shardkvv1.ShardMap) error {
 		return condIs(sm, shardkvv1.ConditionProgressing, metav1.ConditionFalse, ReasonUpToDate, "")

@@ -23,7 +23,7 @@ import (
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
 )
 
-// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=list;watch;create;update;delete
 
 // Steps on the cluster's NetworkPolicies (smStep.Object names the policy).
 const (

@@ -28,6 +28,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,6 +100,17 @@ func runTests(m *testing.M) int {
 		ErrorIfCRDPathMissing: true,
 		Scheme:                testScheme,
 	}
+	// The audit log and admission checks of the RBAC tests (rbac_test.go).
+	dir, err := os.MkdirTemp("", "shardkv-envtest-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "envtest:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if err := configureAPIServerForRBAC(env, dir); err != nil {
+		fmt.Fprintln(os.Stderr, "envtest:", err)
+		return 1
+	}
 	cfg, err := env.Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "envtest: start:", err)
@@ -115,7 +127,20 @@ func runTests(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "envtest: client:", err)
 		return 1
 	}
-	return m.Run()
+	// The reconcilers run as the operator's ServiceAccount, with only the
+	// roles of config/rbac (rbac_test.go).
+	if err := setupOperatorIdentity(context.Background(), cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "envtest: the operator's ServiceAccount:", err)
+		return 1
+	}
+	code := m.Run()
+	if err := runRBACAudit(wholeSuite()); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: RBAC (controllers/rbac_test.go):", err)
+		code = 1
+	} else if wholeSuite() {
+		fmt.Fprintln(os.Stderr, "rbac: the operator's roles (config/rbac) allow exactly the requests the suite made, and none was refused")
+	}
+	return code
 }
 
 // requireEnvtest skips t when the envtest API server is not running.
@@ -149,13 +174,29 @@ func newNamespace(t *testing.T) string {
 }
 
 // startManager starts a manager for the duration of t whose cache (and so
-// every reconciler it runs) sees only namespace ns. Each setup registers a
-// reconciler with it (e.g. setupShardMap(dp)). The manager stops when t
-// ends. Leader election, metrics and health probes are off.
+// every reconciler it runs) sees only namespace ns, as the operator does
+// with --watch-namespace. Each setup registers a reconciler with it (e.g.
+// setupShardMap(dp)). It runs as the operator's ServiceAccount, whose
+// ClusterRole manager-role (config/rbac/role.yaml) is bound in ns only
+// (rbac_test.go). The manager stops when t ends. Leader election, metrics
+// and health probes are off.
 func startManager(t *testing.T, ns string, setups ...func(ctrl.Manager) error) ctrl.Manager {
 	t.Helper()
 	requireEnvtest(t)
-	mgr, err := ctrl.NewManager(testCfg, ctrl.Options{
+	if err := bindOperator(context.Background(), ns, "manager-role"); err != nil {
+		t.Fatalf("bind the operator's role: %v", err)
+	}
+	mgr, _ := newOperatorManager(t, ns, nil, setups...)
+	return mgr
+}
+
+// newOperatorManager starts a manager as the operator's ServiceAccount
+// (bound to nothing here) watching ns, with opts applied to its options
+// and setups run on it; stop stops it (also done when t ends).
+func newOperatorManager(t *testing.T, ns string, opts func(*ctrl.Options), setups ...func(ctrl.Manager) error) (mgr ctrl.Manager, stop func()) {
+	t.Helper()
+	requireEnvtest(t)
+	o := ctrl.Options{
 		Scheme:                 testScheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
@@ -163,7 +204,11 @@ func startManager(t *testing.T, ns string, setups ...func(ctrl.Manager) error) c
 		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{ns: {}}},
 		// Every test registers controllers with the same names.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
+	}
+	if opts != nil {
+		opts(&o)
+	}
+	mgr, err := ctrl.NewManager(operatorCfg, o)
 	if err != nil {
 		t.Fatalf("new manager: %v", err)
 	}
@@ -175,21 +220,25 @@ func startManager(t *testing.T, ns string, setups ...func(ctrl.Manager) error) c
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("manager: %v", err)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("manager: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("manager did not stop within 30s")
 			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("manager did not stop within 30s")
-		}
-	})
+		})
+	}
+	t.Cleanup(stop)
 	if !mgr.GetCache().WaitForCacheSync(ctx) {
 		t.Fatalf("manager cache did not sync")
 	}
-	return mgr
+	return mgr, stop
 }
 
 // eventually polls f until it returns nil, failing t with f's last error

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
@@ -236,11 +237,24 @@ func (e *env) freshNamespace(t *testing.T) {
 		t.Logf("namespace %s exists from an earlier run: deleting it", e.ns)
 		e.deleteNamespace(t)
 	}
+	// Pod Security "restricted" is enforced in the namespace: the API
+	// server refuses any pod of the scenarios (the operator's, the
+	// workloads') that is not restricted (docs/security.md).
 	e.kubectl(t, "create", "namespace", e.ns)
+	e.kubectl(t, "label", "namespace", e.ns, "pod-security.kubernetes.io/enforce=restricted",
+		"pod-security.kubernetes.io/enforce-version=latest")
 	e.eventually(t, time.Minute, "default ServiceAccount", func() (bool, string) {
 		_, err := e.kubectlErr("-n", e.ns, "get", "serviceaccount", "default")
 		return err == nil, fmt.Sprint(err)
 	})
+	// The label is in force: a pod that may escalate privileges is refused.
+	bad := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "not-restricted", Namespace: e.ns},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: e.image}}},
+	}
+	if err := e.kube.Create(ctx(t), bad, client.DryRunAll); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "PodSecurity") {
+		t.Errorf("namespace %s: a pod that is not restricted was not refused by PodSecurity: %v", e.ns, err)
+	}
 	if os.Getenv("SHARDKV_E2E_KEEP") == "" {
 		t.Cleanup(func() { e.deleteNamespace(t) })
 	}

@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
 	"github.com/shardkv/shardkv/controllers"
@@ -48,15 +47,19 @@ func run(args []string) int {
 		fs.PrintDefaults()
 	}
 	var (
-		metricsAddr  = fs.String("metrics-bind-address", ":8080", `address of the Prometheus /metrics endpoint ("0" disables it)`)
-		probeAddr    = fs.String("health-probe-bind-address", ":8081", `address of /healthz and /readyz ("0" disables them)`)
-		leaderElect  = fs.Bool("leader-elect", false, "elect a leader (Lease shardkv-operator) so only one manager replica reconciles")
-		leaderNS     = fs.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace; required with --leader-elect outside a cluster)")
-		defaultImage = fs.String("default-image", envOr("SHARDKV_IMAGE", "shardkv:dev"), "node image for pods whose spec sets none (env SHARDKV_IMAGE)")
-		dialPodIPs   = fs.Bool("dial-pod-ips", false, "reach replicas at their pod IPs instead of cluster DNS names (an operator running outside the cluster, e.g. make run-manager)")
-		watchNS      = fs.String("namespace", "", "watch only this namespace (default: all namespaces)")
-		logLevel     = fs.String("log-level", "info", "log level: debug, info, warn or error")
-		logFormat    = fs.String("log-format", "text", "log format: text or json")
+		metricsAddr   = fs.String("metrics-bind-address", ":8443", `address of the Prometheus /metrics endpoint ("0" disables it); e.g. :8443 with --metrics-secure, :8080 without`)
+		metricsSecure = fs.Bool("metrics-secure", true, "serve /metrics over HTTPS to callers the API server authenticates and authorizes (get on the non-resource URL /metrics); false: plain HTTP, open to anyone who reaches the port")
+		metricsCerts  = fs.String("metrics-cert-path", "", "directory with tls.crt and tls.key for the metrics endpoint, reloaded when they change (default: a self-signed certificate made at start)")
+		enableHTTP2   = fs.Bool("enable-http2", false, "allow HTTP/2 on the metrics endpoint (off: CVE-2023-44487, CVE-2023-39325)")
+		probeAddr     = fs.String("health-probe-bind-address", ":8081", `address of /healthz and /readyz ("0" disables them)`)
+		leaderElect   = fs.Bool("leader-elect", false, "elect a leader (Lease shardkv-operator) so only one manager replica reconciles")
+		leaderNS      = fs.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace; required with --leader-elect outside a cluster)")
+		defaultImage  = fs.String("default-image", envOr("SHARDKV_IMAGE", "shardkv:dev"), "node image for pods whose spec sets none (env SHARDKV_IMAGE)")
+		dialPodIPs    = fs.Bool("dial-pod-ips", false, "reach replicas at their pod IPs instead of cluster DNS names (an operator running outside the cluster, e.g. make run-manager)")
+		watchNS       = fs.String("watch-namespace", "", "watch and manage only this namespace (default: all namespaces); the manager then needs only a Role there (config/namespaced)")
+		nsAlias       = fs.String("namespace", "", "the same as --watch-namespace (the older name)")
+		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn or error")
+		logFormat     = fs.String("log-format", "text", "log format: text or json")
 	)
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -66,6 +69,13 @@ func run(args []string) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "manager: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+
+	if *watchNS == "" {
+		*watchNS = *nsAlias
+	} else if *nsAlias != "" && *nsAlias != *watchNS {
+		fmt.Fprintf(os.Stderr, "manager: --watch-namespace=%q and --namespace=%q differ\n", *watchNS, *nsAlias)
 		return 2
 	}
 
@@ -100,6 +110,9 @@ func run(args []string) int {
 		},
 	}
 	if *watchNS != "" {
+		// Every informer (ShardMaps, ReplicaGroups, StatefulSets, Services,
+		// PodDisruptionBudgets, pods, claims) lists and watches only this
+		// namespace, so a Role there is all the operator needs.
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{*watchNS: {}}
 	}
 	cfg, err := ctrl.GetConfig()
@@ -110,10 +123,10 @@ func run(args []string) int {
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   cacheOpts,
-		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
+		Metrics:                 controllers.MetricsServerOptions(*metricsAddr, *metricsSecure, *metricsCerts, *enableHTTP2),
 		HealthProbeBindAddress:  *probeAddr,
 		LeaderElection:          *leaderElect,
-		LeaderElectionID:        "shardkv-operator",
+		LeaderElectionID:        controllers.LeaderElectionID,
 		LeaderElectionNamespace: *leaderNS,
 		// Step down quickly on SIGTERM so a new replica takes over.
 		LeaderElectionReleaseOnCancel: true,
@@ -164,7 +177,7 @@ func run(args []string) int {
 	}
 
 	setupLog.Info("starting the manager", "defaultImage", *defaultImage, "dialPodIPs", *dialPodIPs,
-		"leaderElect", *leaderElect, "namespace", *watchNS)
+		"leaderElect", *leaderElect, "watchNamespace", *watchNS, "metrics", *metricsAddr, "metricsSecure", *metricsSecure)
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		setupLog.Error(err, "manager stopped")
 		return 1
