@@ -33,6 +33,20 @@ type userTable struct {
 
 func (t *userTable) get(name string) *acl.User { return t.users[name] }
 
+// each is an array of show(user) for every user, by name.
+func (t *userTable) each(show func(*acl.User) string) []byte {
+	names := make([]string, 0, len(t.users))
+	for n := range t.users {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	b := redcon.AppendArray(nil, len(names))
+	for _, n := range names {
+		b = redcon.AppendBulkString(b, show(t.users[n]))
+	}
+	return b
+}
+
 // users returns the current table, parsed again only when the backend's
 // version moved. Before the backend first heard the users, every
 // connection is refused (LOADING): a replica that just started must not
@@ -194,32 +208,13 @@ func cmdACLWhoAmI(c *conn, p *pipeline, _ [][]byte, _ int) {
 	p.reply(redcon.AppendBulkString(nil, c.userName()))
 }
 
+// cmdACLUsers: the names; cmdACLList: each user's ACL LIST line.
 func cmdACLUsers(c *conn, p *pipeline, _ [][]byte, _ int) {
-	t := c.s.users()
-	names := make([]string, 0, len(t.users))
-	for n := range t.users {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	b := redcon.AppendArray(nil, len(names))
-	for _, n := range names {
-		b = redcon.AppendBulkString(b, n)
-	}
-	p.reply(b)
+	p.reply(c.s.users().each(func(u *acl.User) string { return u.Name }))
 }
 
 func cmdACLList(c *conn, p *pipeline, _ [][]byte, _ int) {
-	t := c.s.users()
-	names := make([]string, 0, len(t.users))
-	for n := range t.users {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	b := redcon.AppendArray(nil, len(names))
-	for _, n := range names {
-		b = redcon.AppendBulkString(b, t.users[n].String())
-	}
-	p.reply(b)
+	p.reply(c.s.users().each((*acl.User).String))
 }
 
 // cmdACLGetUser: Redis 7's fields (flags, passwords, commands, keys,
