@@ -251,8 +251,8 @@ type Server struct {
 	tlsRefusals *mtls.Refusals
 	// The users (users.go): the table parsed from the backend's copy, and
 	// the delays of failed AUTHs by host.
-	usersMu      sync.Mutex
-	userTab      *userTable
+	usersMu      sync.Mutex // serialises rebuilding userTab
+	userTab      atomic.Pointer[userTable]
 	authThrottle authThrottle
 
 	// ctx is cancelled by Close, which cancels in-flight backend calls.

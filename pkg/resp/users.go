@@ -53,9 +53,13 @@ func (t *userTable) each(show func(*acl.User) string) []byte {
 // let in the default user of a cluster that turned it off.
 func (s *Server) users() *userTable {
 	u := s.b.Users()
+	// Every command asks: the common case is a load, no lock.
+	if t := s.userTab.Load(); t.of(u) {
+		return t
+	}
 	s.usersMu.Lock()
 	defer s.usersMu.Unlock()
-	if t := s.userTab; t != nil && (u == nil && !t.loaded || u != nil && t.loaded && t.version == u.Version) {
+	if t := s.userTab.Load(); t.of(u) {
 		return t
 	}
 	t := &userTable{users: map[string]*acl.User{}}
@@ -75,8 +79,13 @@ func (s *Server) users() *userTable {
 			t.users[acl.DefaultUser] = acl.Default(s.cfg.Password)
 		}
 	}
-	s.userTab = t
+	s.userTab.Store(t)
 	return t
+}
+
+// of reports whether t was parsed from u (nil: not heard yet).
+func (t *userTable) of(u *shardkvpb.UsersReply) bool {
+	return t != nil && (u == nil && !t.loaded || u != nil && t.loaded && t.version == u.Version)
 }
 
 const errUsersLoading = "LOADING the cluster's users are not loaded yet; retry"
