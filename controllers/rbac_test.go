@@ -37,6 +37,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -186,7 +187,49 @@ func bindOperator(ctx context.Context, ns, role string) error {
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: operatorNS, Name: operatorSA}},
 	})
-	return client.IgnoreAlreadyExists(err)
+	if err := client.IgnoreAlreadyExists(err); err != nil {
+		return err
+	}
+	return waitBound(ctx, ns, role)
+}
+
+// waitBound waits until the API server's authorizer allows the operator
+// the first rule of role in ns. It sees a new RoleBinding through an
+// informer, a moment after the binding is stored: a manager started at once
+// had its first Lease get refused (403), which client-go retries but the
+// audit check rightly counts (a CI run under -race failed so).
+func waitBound(ctx context.Context, ns, role string) error {
+	cr := &rbacv1.ClusterRole{}
+	if err := k8sClient.Get(ctx, client.ObjectKey{Name: role}, cr); err != nil {
+		return err
+	}
+	if len(cr.Rules) == 0 || len(cr.Rules[0].Verbs) == 0 || len(cr.Rules[0].Resources) == 0 {
+		return nil
+	}
+	r := cr.Rules[0]
+	group := ""
+	if len(r.APIGroups) > 0 {
+		group = r.APIGroups[0]
+	}
+	deadline := time.Now().Add(waitTimeout)
+	for {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:   "system:serviceaccount:" + operatorNS + ":" + operatorSA,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + operatorNS, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: ns, Verb: r.Verbs[0], Group: group, Resource: r.Resources[0]},
+		}}
+		if err := k8sClient.Create(ctx, sar); err != nil {
+			return err
+		}
+		if sar.Status.Allowed {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("role %s bound in %s is not in effect after %v: %s", role, ns, waitTimeout, sar.Status.Reason)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // probeUserAgent marks the requests of tests that probe the operator's
