@@ -8,11 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -182,6 +180,8 @@ func (o *LocalOptions) layout() (ctrl []*proc, groups map[uint64][]*proc) {
 		i++
 		return g, h, r
 	}
+	// respTLSAt is the TLS Redis port beside a plain one (--resp-plain).
+	respTLSAt := func(idx int) string { return fmt.Sprintf("%s:%d", o.Host, o.BasePort+3000+idx) }
 	for id := 1; id <= o.CtrlerReplicas; id++ {
 		g, h, _ := next()
 		ctrl = append(ctrl, &proc{name: fmt.Sprintf("ctrler-%d", id), role: "ctrler", id: uint64(id), grpc: g, http: h})
@@ -193,9 +193,7 @@ func (o *LocalOptions) layout() (ctrl []*proc, groups map[uint64][]*proc) {
 			p := &proc{name: fmt.Sprintf("group-%d-%d", gid, id), role: "group", gid: gid, id: uint64(id), grpc: g, http: h}
 			switch {
 			case o.RESP && o.TLS && o.RESPPlain:
-				host, port, _ := net.SplitHostPort(r)
-				pn, _ := strconv.Atoi(port)
-				p.resp, p.respTLS = r, net.JoinHostPort(host, strconv.Itoa(pn+1000))
+				p.resp, p.respTLS = r, respTLSAt(i-1)
 			case o.RESP && o.TLS:
 				p.respTLS = r
 			case o.RESP:

@@ -29,6 +29,7 @@ type userTable struct {
 	version uint64
 	loaded  bool // false: the backend has not heard the users yet
 	users   map[string]*acl.User
+	managed map[string]bool // set by the operator (SetUsers keeps the mark)
 }
 
 func (t *userTable) get(name string) *acl.User { return t.users[name] }
@@ -62,7 +63,7 @@ func (s *Server) users() *userTable {
 	if t := s.userTab.Load(); t.of(u) {
 		return t
 	}
-	t := &userTable{users: map[string]*acl.User{}}
+	t := &userTable{users: map[string]*acl.User{}, managed: map[string]bool{}}
 	if u != nil {
 		t.version, t.loaded = u.Version, true
 		for _, e := range u.Users {
@@ -74,6 +75,7 @@ func (s *Server) users() *userTable {
 				continue
 			}
 			t.users[e.Name] = p
+			t.managed[e.Name] = e.Managed
 		}
 		if t.users[acl.DefaultUser] == nil {
 			t.users[acl.DefaultUser] = acl.Default(s.cfg.Password)
@@ -334,7 +336,7 @@ func cmdACLSetUser(c *conn, p *pipeline, args [][]byte, _ int) {
 		return
 	}
 	t := c.s.users()
-	managed := false
+
 	u := acl.New(name)
 	if cur := t.get(name); cur != nil {
 		u = cur
@@ -348,13 +350,7 @@ func cmdACLSetUser(c *conn, p *pipeline, args [][]byte, _ int) {
 		p.reply(errReply("ERR " + err.Error()))
 		return
 	}
-	if b := c.s.b.Users(); b != nil {
-		for _, e := range b.Users {
-			if e.Name == name {
-				managed = e.Managed // an operator-managed user stays so (its Secret wins at the next sync)
-			}
-		}
-	}
+	managed := t.managed[name] // an operator-managed user stays so (its Secret wins at the next sync)
 	if e, ok := c.changeUsers(&shardkvpb.SetUsersRequest{Set: []*shardkvpb.User{{Name: name, Spec: n.Spec(), Managed: managed}}}); !ok {
 		p.reply(e)
 		return
