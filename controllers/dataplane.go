@@ -8,18 +8,22 @@ import (
 
 	"github.com/shardkv/shardkv/pkg/ctrler/ctrlerclient"
 	"github.com/shardkv/shardkv/pkg/grpcdial"
+	"github.com/shardkv/shardkv/pkg/mtls"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
 // DataPlane is the reconcilers' only way to reach shardkv: the controller
 // group's API and each replica's admin API. envtest has no pods, so tests
 // replace it with a recording fake; the real one dials gRPC.
+//
+// creds is the operator's certificate for a cluster with TLS on
+// (TLSCredentials), nil for one in plain text.
 type DataPlane interface {
 	// Controller is a client of the controller group at addrs (gRPC
 	// host:port, pod IPs or DNS names).
-	Controller(addrs []string) (ControllerAPI, error)
+	Controller(creds *mtls.Source, addrs []string) (ControllerAPI, error)
 	// Replica is the admin client of one replica at addr.
-	Replica(addr string) (ReplicaAPI, error)
+	Replica(creds *mtls.Source, addr string) (ReplicaAPI, error)
 }
 
 // ControllerAPI is the part of the controller's API the operator uses.
@@ -30,6 +34,9 @@ type ControllerAPI interface {
 	Leave(ctx context.Context, gids ...uint64) (*shardkvpb.Config, error)
 	Move(ctx context.Context, shard int, gid uint64) (*shardkvpb.Config, error)
 	Unpin(ctx context.Context, shard int) (*shardkvpb.Config, error)
+	// Users and SetUsers: the Redis ACL users (shardmap_users.go).
+	Users(ctx context.Context) (*shardkvpb.UsersReply, error)
+	SetUsers(ctx context.Context, req *shardkvpb.SetUsersRequest) (*shardkvpb.UsersReply, error)
 	// Watch streams configs from `from` on until ctx ends.
 	Watch(ctx context.Context, from uint64) <-chan *shardkvpb.Config
 }
@@ -45,8 +52,9 @@ type ReplicaAPI interface {
 }
 
 // GRPCDataPlane is the real DataPlane. Its connections, to controller and
-// group replicas alike, are one pool keyed by address; the controller
-// clients (leader and sequence numbers) are kept per address set.
+// group replicas alike, are one pool per credentials (plain text, or one
+// cluster's certificate) keyed by address; the controller clients (leader
+// and sequence numbers) are kept per credentials and address set.
 //
 // Pods are replaced and, with DialPodIPs, come back at new addresses, so
 // it forgets what the reconcilers stop asking for: every IdleTimeout, a
@@ -55,14 +63,20 @@ type ReplicaAPI interface {
 // controller client not asked for since. The reconcilers ask for every
 // live pod at least once per resync (a minute at most), well within it.
 type GRPCDataPlane struct {
-	pool *grpcdial.Pool
+	// pools are by credentials (nil: plain text).
+	pools map[*mtls.Source]*grpcdial.Pool
 	// idle is IdleTimeout; now is the clock (a fake in tests).
 	idle time.Duration
 	now  func() time.Time
 
 	mu        sync.Mutex
-	ctrlers   map[string]*ctrlerEntry
+	ctrlers   map[ctrlerClientKey]*ctrlerEntry
 	lastSweep time.Time
+}
+
+type ctrlerClientKey struct {
+	creds *mtls.Source
+	addrs string
 }
 
 type ctrlerEntry struct {
@@ -74,15 +88,31 @@ type ctrlerEntry struct {
 // after between one and two of these without use.
 const IdleTimeout = 5 * time.Minute
 
-// NewGRPCDataPlane returns a DataPlane over insecure gRPC.
+// NewGRPCDataPlane returns a DataPlane over gRPC.
 func NewGRPCDataPlane() *GRPCDataPlane {
-	return &GRPCDataPlane{pool: grpcdial.NewPool(), idle: IdleTimeout, now: time.Now,
-		ctrlers: map[string]*ctrlerEntry{}, lastSweep: time.Now()}
+	return &GRPCDataPlane{pools: map[*mtls.Source]*grpcdial.Pool{}, idle: IdleTimeout, now: time.Now,
+		ctrlers: map[ctrlerClientKey]*ctrlerEntry{}, lastSweep: time.Now()}
+}
+
+// poolLocked is the pool of creds' connections. The operator dials
+// replicas of both kinds and accepts any replica certificate of the
+// cluster's CA: the CA is the cluster's own.
+func (d *GRPCDataPlane) poolLocked(creds *mtls.Source) *grpcdial.Pool {
+	p, ok := d.pools[creds]
+	if !ok {
+		if creds == nil {
+			p = grpcdial.NewPool()
+		} else {
+			p = grpcdial.NewPool(grpcdial.OptionsWith(creds.ClientCredentials(mtls.AnyNode))...)
+		}
+		d.pools[creds] = p
+	}
+	return p
 }
 
 // Controller implements DataPlane.
-func (d *GRPCDataPlane) Controller(addrs []string) (ControllerAPI, error) {
-	key := strings.Join(addrs, ",")
+func (d *GRPCDataPlane) Controller(creds *mtls.Source, addrs []string) (ControllerAPI, error) {
+	key := ctrlerClientKey{creds, strings.Join(addrs, ",")}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.sweepLocked()
@@ -90,7 +120,7 @@ func (d *GRPCDataPlane) Controller(addrs []string) (ControllerAPI, error) {
 		e.used = true
 		return e.c, nil
 	}
-	c, err := ctrlerclient.NewWithPool(addrs, d.pool)
+	c, err := ctrlerclient.NewWithPool(addrs, d.poolLocked(creds))
 	if err != nil {
 		return nil, err
 	}
@@ -99,11 +129,12 @@ func (d *GRPCDataPlane) Controller(addrs []string) (ControllerAPI, error) {
 }
 
 // Replica implements DataPlane.
-func (d *GRPCDataPlane) Replica(addr string) (ReplicaAPI, error) {
+func (d *GRPCDataPlane) Replica(creds *mtls.Source, addr string) (ReplicaAPI, error) {
 	d.mu.Lock()
 	d.sweepLocked()
+	pool := d.poolLocked(creds)
 	d.mu.Unlock()
-	cc, err := d.pool.Get(addr)
+	cc, err := pool.Get(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -116,7 +147,9 @@ func (d *GRPCDataPlane) Replica(addr string) (ReplicaAPI, error) {
 func (d *GRPCDataPlane) sweepLocked() {
 	if now := d.now(); now.Sub(d.lastSweep) >= d.idle {
 		d.lastSweep = now
-		d.pool.CloseIdle()
+		for _, p := range d.pools {
+			p.CloseIdle()
+		}
 		for k, e := range d.ctrlers {
 			if !e.used {
 				delete(d.ctrlers, k)
@@ -130,8 +163,10 @@ func (d *GRPCDataPlane) sweepLocked() {
 func (d *GRPCDataPlane) Close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.ctrlers = map[string]*ctrlerEntry{}
-	d.pool.Close()
+	d.ctrlers = map[ctrlerClientKey]*ctrlerEntry{}
+	for _, p := range d.pools {
+		p.Close()
+	}
 }
 
 type adminClient struct{ c shardkvpb.AdminClient }

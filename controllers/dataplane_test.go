@@ -75,7 +75,7 @@ func TestGRPCDataPlaneForgetsGonePods(t *testing.T) {
 	defer cancel()
 	status := func(addr string) {
 		t.Helper()
-		api, err := d.Replica(addr)
+		api, err := d.Replica(nil, addr)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -86,11 +86,11 @@ func TestGRPCDataPlaneForgetsGonePods(t *testing.T) {
 
 	status(a.addr)
 	status(b.addr)
-	ctrl, err := d.Controller([]string{c.addr})
+	ctrl, err := d.Controller(nil, []string{c.addr})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, _ := d.Controller([]string{c.addr}); again != ctrl {
+	if again, _ := d.Controller(nil, []string{c.addr}); again != ctrl {
 		t.Fatal("a second controller client for the same addresses")
 	}
 	watch := ctrl.Watch(ctx, 1)
@@ -98,19 +98,19 @@ func TestGRPCDataPlaneForgetsGonePods(t *testing.T) {
 	if conf := <-watch; conf.GetNum() != 1 {
 		t.Fatalf("watch: %v", conf)
 	}
-	if got := d.pool.Addrs(); !slices.Equal(got, sortedStrings(a.addr, b.addr, c.addr)) {
+	if got := d.pools[nil].Addrs(); !slices.Equal(got, sortedStrings(a.addr, b.addr, c.addr)) {
 		t.Fatalf("pool: %v", got)
 	}
 
 	// b's pod is gone: only a is asked for from now on.
 	tick()
 	status(a.addr) // sweep 1: everything was used since the start
-	if got := d.pool.Addrs(); len(got) != 3 {
+	if got := d.pools[nil].Addrs(); len(got) != 3 {
 		t.Fatalf("pool after one sweep: %v", got)
 	}
 	tick()
 	status(a.addr) // sweep 2: b unused for a whole period
-	if got := d.pool.Addrs(); !slices.Equal(got, sortedStrings(a.addr, c.addr)) {
+	if got := d.pools[nil].Addrs(); !slices.Equal(got, sortedStrings(a.addr, c.addr)) {
 		t.Fatalf("pool after two sweeps: %v, want a and c (c carries the Watch)", got)
 	}
 	if n := len(d.ctrlers); n != 0 {
@@ -123,7 +123,7 @@ func TestGRPCDataPlaneForgetsGonePods(t *testing.T) {
 
 	// b comes back: dialed afresh. A new controller client serves c.
 	status(b.addr)
-	if again, _ := d.Controller([]string{c.addr}); again == ctrl {
+	if again, _ := d.Controller(nil, []string{c.addr}); again == ctrl {
 		t.Fatal("the dropped controller client came back")
 	}
 	// A client dropped from the cache still works (a reconcile holding

@@ -22,6 +22,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/shardkv/shardkv/pkg/mtls"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 	"google.golang.org/protobuf/proto"
 )
@@ -173,7 +174,7 @@ func (d *fakeDataPlane) setErr(errs map[string]error, method string, err error) 
 }
 
 // Controller implements DataPlane.
-func (d *fakeDataPlane) Controller(addrs []string) (ControllerAPI, error) {
+func (d *fakeDataPlane) Controller(_ *mtls.Source, addrs []string) (ControllerAPI, error) {
 	if len(addrs) == 0 {
 		return nil, fmt.Errorf("fake: no controller addresses")
 	}
@@ -187,7 +188,7 @@ func (d *fakeDataPlane) Controller(addrs []string) (ControllerAPI, error) {
 }
 
 // Replica implements DataPlane.
-func (d *fakeDataPlane) Replica(addr string) (ReplicaAPI, error) {
+func (d *fakeDataPlane) Replica(_ *mtls.Source, addr string) (ReplicaAPI, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.dialErr != nil {
@@ -208,6 +209,7 @@ type fakeController struct {
 	members *shardkvpb.MemberStatus
 	errs    map[string]error
 	watches []chan struct{}
+	users   []*shardkvpb.User // by name
 }
 
 var _ ControllerAPI = (*fakeController)(nil)
@@ -424,6 +426,47 @@ func (c *fakeController) Unpin(_ context.Context, shard int) (*shardkvpb.Config,
 	cfg.Pins = slices.DeleteFunc(cfg.Pins, func(p *shardkvpb.Pin) bool { return int(p.Shard) == shard })
 	fakeRebalance(cfg)
 	return c.appendLocked(cfg), nil
+}
+
+// Users is not recorded as a call: the reconciler reads it every pass.
+func (c *fakeController) Users(_ context.Context) (*shardkvpb.UsersReply, error) {
+	c.d.mu.Lock()
+	defer c.d.mu.Unlock()
+	if err := c.errs["Users"]; err != nil {
+		return nil, err
+	}
+	out := &shardkvpb.UsersReply{}
+	for _, u := range c.users {
+		out.Users = append(out.Users, proto.Clone(u).(*shardkvpb.User))
+	}
+	return out, nil
+}
+
+// SetUsers applies req as the controller does: replace_managed drops the
+// managed users first, then set adds or replaces by name.
+func (c *fakeController) SetUsers(ctx context.Context, req *shardkvpb.SetUsersRequest) (*shardkvpb.UsersReply, error) {
+	c.d.mu.Lock()
+	names := []string{}
+	for _, u := range req.GetSet() {
+		names = append(names, u.GetName())
+	}
+	if err := c.begin("SetUsers", true, strings.Join(names, ",")); err != nil {
+		c.d.mu.Unlock()
+		return nil, err
+	}
+	if req.GetReplaceManaged() {
+		c.users = slices.DeleteFunc(c.users, (*shardkvpb.User).GetManaged)
+	}
+	for _, u := range req.GetSet() {
+		c.users = slices.DeleteFunc(c.users, func(x *shardkvpb.User) bool { return x.GetName() == u.GetName() })
+		c.users = append(c.users, proto.Clone(u).(*shardkvpb.User))
+	}
+	for _, n := range req.GetDelete() {
+		c.users = slices.DeleteFunc(c.users, func(x *shardkvpb.User) bool { return x.GetName() == n })
+	}
+	slices.SortFunc(c.users, func(a, b *shardkvpb.User) int { return strings.Compare(a.GetName(), b.GetName()) })
+	c.d.mu.Unlock()
+	return c.Users(ctx)
 }
 
 // Watch streams configs from `from` on, like the real client: it never

@@ -67,6 +67,8 @@ func portNumber(name string) int32 {
 		return GRPCPort
 	case "resp":
 		return RESPPort
+	case "resp-tls":
+		return RESPTLSPort
 	case "http":
 		return HTTPPort
 	}

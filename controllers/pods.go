@@ -70,6 +70,31 @@ func httpProbe(initialDelay, period, timeout, failures int32) *corev1.Probe {
 	}
 }
 
+// tlsVolume is the pod volume of its certificate Secret.
+const tlsVolume = "tls"
+
+// addTLS makes a node pod speak TLS: its certificate Secret mounted at
+// TLSMountPath (readable by the node user through fsGroup, by no one
+// else), node's --tls-* flags naming the files, HTTPS probes, and the
+// probes' paths open without a token (node serves every other HTTP path
+// only to a bearer token or an admin certificate).
+func addTLS(spec *corev1.PodSpec, secret string) {
+	c := &spec.Containers[0]
+	c.Args = append(c.Args,
+		"--tls-cert="+TLSMountPath+"/"+corev1.TLSCertKey,
+		"--tls-key="+TLSMountPath+"/"+corev1.TLSPrivateKeyKey,
+		"--tls-ca="+TLSMountPath+"/"+corev1.ServiceAccountRootCAKey,
+		"--http-open=/healthz,/readyz")
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: tlsVolume, VolumeSource: corev1.VolumeSource{
+		Secret: &corev1.SecretVolumeSource{SecretName: secret, DefaultMode: ptr.To[int32](0o440)}}})
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: tlsVolume, MountPath: TLSMountPath, ReadOnly: true})
+	for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+		if p != nil && p.HTTPGet != nil {
+			p.HTTPGet.Scheme = corev1.URISchemeHTTPS
+		}
+	}
+}
+
 // orDefault is d, or def when d is not set (<= 0).
 func orDefault(d, def time.Duration) time.Duration {
 	if d > 0 {

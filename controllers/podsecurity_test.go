@@ -67,6 +67,8 @@ func operatorStatefulSets() map[string]*appsv1.StatefulSet {
 	smCustom.Spec.Controller.ImagePullPolicy = corev1.PullAlways
 	smCustom.Spec.Controller.Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}}
 	smCustom.Spec.Migration.RateBytesPerSecond = 1 << 20
+	smTLS := sm.DeepCopy()
+	smTLS.Spec.TLS = &shardkvv1.TLSSpec{Mode: shardkvv1.TLSManaged, Redis: shardkvv1.RedisTLSAndPlain, RedisAuthClients: "yes"}
 
 	rgr := &ReplicaGroupReconciler{DefaultImage: "shardkv:test"}
 	rg := &shardkvv1.ReplicaGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "demo-a"},
@@ -84,6 +86,8 @@ func operatorStatefulSets() map[string]*appsv1.StatefulSet {
 	return map[string]*appsv1.StatefulSet{
 		"controller group":           smr.desiredCtrlerSts(sm, 3),
 		"controller group, custom":   smr.desiredCtrlerSts(smCustom, 3),
+		"controller group, TLS":      smr.desiredCtrlerSts(smTLS, 3),
+		"data group, TLS":            rgr.desiredStatefulSet(rg, smTLS, 3),
 		"data group":                 rgr.desiredStatefulSet(rg, sm, 3),
 		"data group, custom":         rgr.desiredStatefulSet(rgCustom, smCustom, 5),
 		"data group, single replica": rgr.desiredStatefulSet(rg, testShardMap("demo", "demo", 64, 1), 1),

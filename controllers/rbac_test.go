@@ -438,7 +438,9 @@ func TestLeaderElectionRBAC(t *testing.T) {
 
 // TestOperatorIdentityIsNotAdmin: the suite's managers really run as the
 // operator's ServiceAccount with nothing but its roles: it may not read a
-// Secret, nor touch objects outside a namespace it was bound in.
+// ConfigMap or delete a Secret (it reads and writes Secrets for TLS and
+// users, never deletes one: owner references do), nor touch objects
+// outside a namespace it was bound in.
 func TestOperatorIdentityIsNotAdmin(t *testing.T) {
 	ns := newNamespace(t)
 	other := newNamespace(t)
@@ -455,8 +457,11 @@ func TestOperatorIdentityIsNotAdmin(t *testing.T) {
 	if err := c.List(ctx, &corev1.PodList{}, client.InNamespace(ns)); err != nil {
 		t.Errorf("list pods in its namespace: %v", err)
 	}
-	if err := c.List(ctx, &corev1.SecretList{}, client.InNamespace(ns)); !apierrors.IsForbidden(err) {
-		t.Errorf("list secrets: %v, want Forbidden", err)
+	if err := c.List(ctx, &corev1.ConfigMapList{}, client.InNamespace(ns)); !apierrors.IsForbidden(err) {
+		t.Errorf("list configmaps: %v, want Forbidden", err)
+	}
+	if err := c.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "any"}}); !apierrors.IsForbidden(err) {
+		t.Errorf("delete a secret: %v, want Forbidden", err)
 	}
 	if err := c.List(ctx, &corev1.PodList{}, client.InNamespace(other)); !apierrors.IsForbidden(err) {
 		t.Errorf("list pods in a namespace it is not bound in: %v, want Forbidden", err)

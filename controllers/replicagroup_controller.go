@@ -44,7 +44,10 @@ type ReplicaGroupReconciler struct {
 	// allocation must not work from a stale copy). Defaults to the
 	// manager's.
 	APIReader client.Reader
-	Scheme    *runtime.Scheme
+	// Credentials are the operator's certificates of clusters with TLS
+	// (shared with the ShardMap reconciler; made at setup if nil).
+	Credentials *TLSCredentials
+	Scheme      *runtime.Scheme
 	// Recorder emits Events (defaults to the manager's).
 	Recorder  events.EventRecorder
 	DataPlane DataPlane
@@ -102,6 +105,9 @@ type ReplicaGroupReconciler struct {
 func (r *ReplicaGroupReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
+	}
+	if r.Credentials == nil {
+		r.Credentials = &TLSCredentials{Reader: mgr.GetClient()}
 	}
 	if r.APIReader == nil {
 		r.APIReader = mgr.GetAPIReader()
@@ -201,7 +207,7 @@ func (r *ReplicaGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		if r.image(rg) == "" {
 			return r.finishStatus(ctx, rg, nil, wait("NoImage", "spec.image is empty and the operator has no default image"), nil)
 		}
-		if err := r.ensureService(ctx, rg); err != nil {
+		if err := r.ensureService(ctx, rg, sm); err != nil {
 			return ctrl.Result{}, fmt.Errorf("service: %w", err)
 		}
 		var err error

@@ -66,7 +66,7 @@ func (r *ReplicaGroupReconciler) execute(ctx context.Context, rg *shardkvv1.Repl
 			}
 		}
 		addr := r.replicaAddr(rg, o.LeaderOrdinal, podObj)
-		api, err := r.DataPlane.Replica(addr)
+		api, err := r.DataPlane.Replica(o.creds, addr)
 		if err != nil {
 			return false, ctrl.Result{}, err
 		}

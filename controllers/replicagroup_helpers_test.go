@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
+	"github.com/shardkv/shardkv/pkg/mtls"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
@@ -85,8 +86,8 @@ func (c recordingClient) Delete(ctx context.Context, obj client.Object, opts ...
 // controller does (docs/controller.md); the shared fake refuses it.
 type joinUpdatesDataPlane struct{ *fakeDataPlane }
 
-func (d joinUpdatesDataPlane) Controller(addrs []string) (ControllerAPI, error) {
-	c, err := d.fakeDataPlane.Controller(addrs)
+func (d joinUpdatesDataPlane) Controller(creds *mtls.Source, addrs []string) (ControllerAPI, error) {
+	c, err := d.fakeDataPlane.Controller(creds, addrs)
 	if err != nil {
 		return nil, err
 	}

@@ -53,6 +53,14 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 	if !o.HasFinalizer || o.GroupID == 0 {
 		return o, nil // the planner's first steps need no more
 	}
+	dial := true
+	if sm != nil {
+		creds, err := r.Credentials.For(sm)
+		// Without the operator's certificate yet, the replicas and the
+		// controller are not reached: the planner waits as for pods that
+		// do not answer.
+		o.creds, dial = creds, err == nil
+	}
 
 	var pods corev1.PodList
 	if err := r.List(ctx, &pods, client.InNamespace(rg.Namespace), client.MatchingLabels{LabelGroup: rg.Name}); err != nil {
@@ -98,13 +106,13 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 			continue
 		}
 		addr := r.replicaAddr(rg, ord, p)
-		if addr == "" {
+		if addr == "" || !dial {
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			api, err := r.DataPlane.Replica(addr)
+			api, err := r.DataPlane.Replica(o.creds, addr)
 			if err != nil {
 				return
 			}
@@ -139,13 +147,13 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 	}
 
 	// The controller's latest config (and, while draining, its reports).
-	if !o.ShardMapGone {
+	if !o.ShardMapGone && dial {
 		addrs, err := r.ctrlerAddrs(ctx, sm)
 		if err != nil {
 			return nil, err
 		}
 		if len(addrs) > 0 {
-			if api, err := r.DataPlane.Controller(addrs); err == nil {
+			if api, err := r.DataPlane.Controller(o.creds, addrs); err == nil {
 				cctx, cancel := callCtx(ctx, r.CallTimeout)
 				if cfg, err := api.Query(cctx, -1); err == nil {
 					o.Config = cfg
@@ -208,5 +216,9 @@ func (r *ReplicaGroupReconciler) ctrlerAPI(ctx context.Context, sm *shardkvv1.Sh
 	if len(addrs) == 0 {
 		return nil, errors.New("no controller pod has an IP yet")
 	}
-	return r.DataPlane.Controller(addrs)
+	creds, err := r.Credentials.For(sm)
+	if err != nil {
+		return nil, err
+	}
+	return r.DataPlane.Controller(creds, addrs)
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
+	"github.com/shardkv/shardkv/pkg/mtls"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
@@ -152,6 +153,9 @@ type memberView struct {
 // observed is everything a pass knows about one ReplicaGroup.
 type observed struct {
 	Name, Namespace string
+	// creds is the operator's certificate for the cluster (nil: plain
+	// text); the executor dials with it. The planner does not look at it.
+	creds *mtls.Source
 
 	Deleting     bool
 	HasFinalizer bool

@@ -8,6 +8,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -120,9 +121,21 @@ func nodeArgs(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, gid uint64, bo
 		fmt.Sprintf("--advertise=%s:%d", self, GRPCPort),
 		"--peers=" + PeersFlag(rg.Name, bootstrap, ns),
 		"--ctrler=" + strings.Join(CtrlerAddrs(sm.Name, int(smCtrlerReplicas(sm)), ns), ","),
-		fmt.Sprintf("--resp=0.0.0.0:%d", RESPPort),
-		fmt.Sprintf("--resp-advertise=%s:%d", self, RESPPort),
-		fmt.Sprintf("--http=0.0.0.0:%d", HTTPPort),
+	}
+	// Redis: plain text unless TLS is on; with it, TLS on RESPTLSPort and
+	// plain text too only if spec.tls.redis is Both. (The flags keep their
+	// order of old, so that clusters without TLS keep their pod template.)
+	if respPorts(sm)[0] == "resp" {
+		args = append(args, fmt.Sprintf("--resp=0.0.0.0:%d", RESPPort), fmt.Sprintf("--resp-advertise=%s:%d", self, RESPPort))
+	}
+	args = append(args, fmt.Sprintf("--http=0.0.0.0:%d", HTTPPort))
+	if t := sm.Spec.TLS; sm.Spec.TLSEnabled() {
+		auth := t.RedisAuthClients
+		if auth == "" {
+			auth = "no"
+		}
+		args = append(args, fmt.Sprintf("--resp-tls=0.0.0.0:%d", RESPTLSPort), fmt.Sprintf("--resp-tls-advertise=%s:%d", self, RESPTLSPort),
+			"--resp-tls-auth-clients="+auth)
 	}
 	// The ShardMap's copy rate limit, per group. 0 (unlimited, node's
 	// default) passes no flag, so the pods of clusters that set none keep
@@ -131,6 +144,17 @@ func nodeArgs(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, gid uint64, bo
 		args = append(args, fmt.Sprintf("--migrate-bytes-per-sec=%d", n))
 	}
 	return args
+}
+
+// respPorts are the Redis ports of the ShardMap's data-group pods, by name.
+func respPorts(sm *shardkvv1.ShardMap) []string {
+	switch {
+	case !sm.Spec.TLSEnabled():
+		return []string{"resp"}
+	case sm.Spec.TLS.Redis == shardkvv1.RedisTLSAndPlain:
+		return []string{"resp", "resp-tls"}
+	}
+	return []string{"resp-tls"}
 }
 
 // podTemplate is the pod of every replica.
@@ -161,7 +185,7 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 			nodeSelector[k] = v
 		}
 	}
-	return corev1.PodTemplateSpec{
+	tmpl := corev1.PodTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: groupLabels(rg), Annotations: annotations},
 		Spec: corev1.PodSpec{
 			Affinity:                      affinity,
@@ -178,7 +202,7 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 				Command: []string{"/node"},
 				Args:    nodeArgs(rg, sm, gid, bootstrap),
 				Env:     groupEnv(rg),
-				Ports:   containerPorts("grpc", "resp", "http"),
+				Ports:   containerPorts(slices.Concat([]string{"grpc"}, respPorts(sm), []string{"http"})...),
 				// /healthz answers while the process runs: it needs no
 				// leader, so a group that lost quorum still gets its pods
 				// in the Service's DNS.
@@ -190,6 +214,10 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 			}},
 		},
 	}
+	if sm.Spec.TLSEnabled() {
+		addTLS(&tmpl.Spec, GroupTLSSecretName(rg.Name))
+	}
+	return tmpl
 }
 
 // desiredStatefulSet is the group's StatefulSet with replicas pods.
@@ -220,8 +248,8 @@ func (r *ReplicaGroupReconciler) desiredStatefulSet(rg *shardkvv1.ReplicaGroup, 
 }
 
 // desiredService is the group's headless Service (pod DNS names).
-func desiredService(rg *shardkvv1.ReplicaGroup) *corev1.Service {
-	return headlessService(rg.Name, rg.Namespace, groupLabels(rg), groupSelectorLabels(rg), "grpc", "resp", "http")
+func desiredService(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap) *corev1.Service {
+	return headlessService(rg.Name, rg.Namespace, groupLabels(rg), groupSelectorLabels(rg), slices.Concat([]string{"grpc"}, respPorts(sm), []string{"http"})...)
 }
 
 // pdbMinAvailable keeps a quorum of voters through voluntary disruptions:
@@ -251,8 +279,8 @@ func groupEnv(rg *shardkvv1.ReplicaGroup) []corev1.EnvVar {
 	return env
 }
 
-func (r *ReplicaGroupReconciler) ensureService(ctx context.Context, rg *shardkvv1.ReplicaGroup) error {
-	want := desiredService(rg)
+func (r *ReplicaGroupReconciler) ensureService(ctx context.Context, rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap) error {
+	want := desiredService(rg, sm)
 	have := &corev1.Service{}
 	err := r.Get(ctx, client.ObjectKeyFromObject(want), have)
 	if apierrors.IsNotFound(err) {

@@ -1,9 +1,11 @@
 package controllers
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
 )
@@ -34,5 +36,38 @@ func TestPDBMinAvailable(t *testing.T) {
 		if got := pdbMinAvailable(c.pods, c.voters); got != c.want {
 			t.Errorf("pdbMinAvailable(%d, %d) = %d, want %d", c.pods, c.voters, got, c.want)
 		}
+	}
+}
+
+// TestNodeArgsTLS: with TLS, a data-group pod serves Redis over TLS on
+// 6380 (its Service and container name that port), plain text only with
+// redis: Both; without TLS its flags are what they always were, in the
+// same order, so an operator upgrade does not roll clusters without TLS.
+func TestNodeArgsTLS(t *testing.T) {
+	rg := &shardkvv1.ReplicaGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "g"}, Spec: shardkvv1.ReplicaGroupSpec{ShardMap: "sm"}}
+	sm := &shardkvv1.ShardMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "sm"}}
+	plain := strings.Join(nodeArgs(rg, sm, 1, 3), " ")
+	wantPlain := "serve --role=group --group=1 --id=auto --data-dir=/data --listen=0.0.0.0:7000 --advertise=$(POD_NAME).g.ns.svc:7000 " +
+		"--peers=1=g-0.g.ns.svc:7000,2=g-1.g.ns.svc:7000,3=g-2.g.ns.svc:7000 " +
+		"--ctrler=sm-ctrler-0.sm-ctrler.ns.svc:7000,sm-ctrler-1.sm-ctrler.ns.svc:7000,sm-ctrler-2.sm-ctrler.ns.svc:7000 " +
+		"--resp=0.0.0.0:6379 --resp-advertise=$(POD_NAME).g.ns.svc:6379 --http=0.0.0.0:8080"
+	if plain != wantPlain {
+		t.Errorf("plain args\n%s\nwant\n%s", plain, wantPlain)
+	}
+	sm.Spec.TLS = &shardkvv1.TLSSpec{Mode: shardkvv1.TLSManaged, Redis: shardkvv1.RedisTLSOnly}
+	tlsOnly := strings.Join(nodeArgs(rg, sm, 1, 3), " ")
+	if strings.Contains(tlsOnly, "--resp=") || !strings.Contains(tlsOnly, "--resp-tls=0.0.0.0:6380 --resp-tls-advertise=$(POD_NAME).g.ns.svc:6380 --resp-tls-auth-clients=no") {
+		t.Errorf("TLS-only args %s", tlsOnly)
+	}
+	if ports := desiredService(rg, sm).Spec.Ports; len(ports) != 3 || ports[1].Name != "resp-tls" || ports[1].Port != 6380 {
+		t.Errorf("TLS-only Service ports %+v", ports)
+	}
+	sm.Spec.TLS.Redis, sm.Spec.TLS.RedisAuthClients = shardkvv1.RedisTLSAndPlain, "yes"
+	both := strings.Join(nodeArgs(rg, sm, 1, 3), " ")
+	if !strings.Contains(both, "--resp=0.0.0.0:6379") || !strings.Contains(both, "--resp-tls-auth-clients=yes") {
+		t.Errorf("Both args %s", both)
+	}
+	if ports := desiredService(rg, sm).Spec.Ports; len(ports) != 4 {
+		t.Errorf("Both Service ports %+v", ports)
 	}
 }

@@ -72,6 +72,9 @@ const (
 	ReasonConflict          = "NameConflict"
 	ReasonResizeUnsupported = "ControllerResizeUnsupported"
 	ReasonStorageImmutable  = "StorageImmutable"
+	ReasonWaitingForTLS     = "WaitingForTLS"
+	ReasonUsersInvalid      = "UsersInvalid"
+	ReasonUsersUpdated      = "UsersUpdated"
 )
 
 // ShardMapReconciler reconciles ShardMaps.
@@ -93,6 +96,15 @@ type ShardMapReconciler struct {
 	BusyResync, IdleResync time.Duration
 	// CallTimeout bounds each data-plane call (default 5s).
 	CallTimeout time.Duration
+	// APIReader reads what the cache does not hold: the Secret of
+	// spec.users (the cache has only the operator's own Secrets).
+	APIReader client.Reader
+	// Credentials are the operator's certificates of clusters with TLS
+	// (shared with the ReplicaGroup reconciler; made at setup if nil).
+	Credentials *TLSCredentials
+	// TLSPropagation is how long a CA rotation lets each change reach the
+	// pods (default DefaultTLSPropagation).
+	TLSPropagation time.Duration
 
 	// now is the clock of the migrations' rate estimates (nil: time.Now).
 	now func() time.Time
@@ -122,6 +134,7 @@ type ShardMapReconciler struct {
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update
 
 // SetupWithManager registers the reconciler with mgr.
 func (r *ShardMapReconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -136,6 +149,12 @@ func (r *ShardMapReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorder("shardmap-controller")
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
+	if r.Credentials == nil {
+		r.Credentials = &TLSCredentials{Reader: r.Client}
 	}
 	r.watches = map[types.NamespacedName]*configWatch{}
 	r.wake = make(chan event.GenericEvent, 64)
@@ -156,6 +175,14 @@ func (r *ShardMapReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&policyv1.PodDisruptionBudget{}).
+		// The TLS Secrets, groups' included, by their instance label.
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+			l := o.GetLabels()
+			if l[LabelManagedBy] != ManagedBy || l[LabelInstance] == "" {
+				return nil
+			}
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: l[LabelInstance]}}}
+		})).
 		// Controller pods belong to the StatefulSet; map them by label
 		// (readiness, IPs in DialPodIPs mode, rolling).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
@@ -208,6 +235,7 @@ func (r *ShardMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		if apierrors.IsNotFound(err) {
 			r.stopWatch(req.NamespacedName)
 			r.forgetRates(req.NamespacedName)
+			r.Credentials.Forget(req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
 		return ctrl.Result{}, err

@@ -33,6 +33,10 @@ func (r *ShardMapReconciler) execute(ctx context.Context, sm *shardkvv1.ShardMap
 	name := CtrlerName(sm.Name)
 	action := string(st.Kind)
 	switch st.Kind {
+	case smStepTLS:
+		return r.executeTLS(ctx, sm, o, st.TLS)
+	case smStepSetUsers:
+		return r.applyUsers(ctx, sm, o, api), nil
 	case smStepCreateStatefulSet:
 		if err := createOwned(ctx, r.Client, r.Scheme, sm, o.WantSts); err != nil {
 			return smOutcome{}, err

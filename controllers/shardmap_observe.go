@@ -86,7 +86,11 @@ func (r *ShardMapReconciler) observe(ctx context.Context, sm *shardkvv1.ShardMap
 		}
 	}
 
+	if o.TLS, err = r.observeTLS(ctx, sm, o.Groups); err != nil {
+		return nil, nil, err
+	}
 	api := r.observeController(ctx, sm, o, pods.Items)
+	o.Users = r.observeUsers(ctx, sm, api)
 	return o, api, nil
 }
 
@@ -132,7 +136,12 @@ func (r *ShardMapReconciler) observeController(ctx context.Context, sm *shardkvv
 		o.ClusterErr = err
 		return nil
 	}
-	api, err := r.DataPlane.Controller(addrs)
+	creds, err := r.Credentials.For(sm)
+	if err != nil {
+		o.ClusterErr = err
+		return nil
+	}
+	api, err := r.DataPlane.Controller(creds, addrs)
 	if err != nil {
 		o.ClusterErr = err
 		return nil

@@ -57,6 +57,11 @@ type smObserved struct {
 	Prev       *shardkvpb.Config
 	// Groups are this ShardMap's ReplicaGroups by name.
 	Groups map[string]*shardkvv1.ReplicaGroup
+
+	// TLS is the cluster's certificate Secrets (nil: TLS not Managed).
+	TLS *tlsObserved
+	// Users: see shardmap_users.go.
+	Users usersObserved
 }
 
 // readyReplicas are the ready controller pods, as the StatefulSet counts.
@@ -94,6 +99,8 @@ const (
 	smStepDeletePod         smStepKind = "DeletePod" // Ordinal: roll it
 	smStepMove              smStepKind = "Move"      // Shard to GID (Group)
 	smStepUnpin             smStepKind = "Unpin"     // Shard (pinned to GID)
+	smStepTLS               smStepKind = "TLS"       // TLS: one Secret write
+	smStepSetUsers          smStepKind = "SetUsers"  // the Secret's users to the controller
 )
 
 // smStep is one change.
@@ -108,6 +115,8 @@ type smStep struct {
 	Shard int
 	GID   uint64
 	Group string
+	// TLS: the certificate change.
+	TLS tlsStep
 }
 
 func (s smStep) String() string {
@@ -120,6 +129,11 @@ func (s smStep) String() string {
 		return fmt.Sprintf("%s(%d,%d)", s.Kind, s.Shard, s.GID)
 	case smStepUnpin:
 		return fmt.Sprintf("%s(%d)", s.Kind, s.Shard)
+	case smStepTLS:
+		if s.TLS.Leaf.Secret != "" {
+			return fmt.Sprintf("%s(%s)", s.TLS.Kind, s.TLS.Leaf.Secret)
+		}
+		return string(s.TLS.Kind)
 	}
 	return string(s.Kind)
 }
@@ -173,6 +187,17 @@ func planShardMap(o *smObserved) smPlan {
 			"spec.paused is set: the operator changes nothing of this cluster (status is still updated)"}
 		return pl
 	}
+	// Certificates first: the pods mount them.
+	if o.TLS != nil {
+		st, wait := planTLS(o.TLS)
+		if st.Kind != tlsNone {
+			pl.Step = smStep{Kind: smStepTLS, TLS: st}
+			return pl
+		}
+		if wait != "" {
+			pl.wait(ReasonWaitingForTLS, "%s", wait)
+		}
+	}
 	if !o.StsConflict {
 		if kind := planObjects(o, &pl); kind != smStepNone {
 			pl.Step = smStep{Kind: kind}
@@ -180,6 +205,10 @@ func planShardMap(o *smObserved) smPlan {
 		}
 	}
 	if st, ok := planRoll(o, &pl); ok {
+		pl.Step = st
+		return pl
+	}
+	if st := planUsers(o, &pl); st.Kind != smStepNone {
 		pl.Step = st
 		return pl
 	}

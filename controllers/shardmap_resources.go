@@ -96,7 +96,7 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 	if pull == "" {
 		pull = corev1.PullIfNotPresent
 	}
-	return corev1.PodTemplateSpec{
+	tmpl := corev1.PodTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: ctrlerLabels(sm)},
 		Spec: corev1.PodSpec{
 			Affinity: spreadAffinity(ctrlerSelectorLabels(sm)),
@@ -124,6 +124,10 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 			}},
 		},
 	}
+	if sm.Spec.TLSEnabled() {
+		addTLS(&tmpl.Spec, CtrlerTLSSecretName(sm.Name))
+	}
+	return tmpl
 }
 
 func (r *ShardMapReconciler) desiredCtrlerSts(sm *shardkvv1.ShardMap, bootstrap int32) *appsv1.StatefulSet {

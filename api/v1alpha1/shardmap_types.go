@@ -6,6 +6,7 @@ import (
 )
 
 // ShardMapSpec is the desired cluster.
+// +kubebuilder:validation:XValidation:rule="(has(self.tls) && has(self.tls.mode) ? self.tls.mode : 'Disabled') == (has(oldSelf.tls) && has(oldSelf.tls.mode) ? oldSelf.tls.mode : 'Disabled')",message="tls.mode cannot change on a running cluster: its pods cannot switch between plain text and TLS one at a time without a split; create a new ShardMap with TLS and move the data (docs/security.md)"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.placement) || self.placement == oldSelf.placement",message="placement is immutable: it is fixed when the cluster is created"
 type ShardMapSpec struct {
 	// Shards is the number of shards the 16384 slots are split into: a
@@ -41,6 +42,19 @@ type ShardMapSpec struct {
 	// Migration tunes how shards are copied between groups.
 	// +optional
 	Migration MigrationSpec `json:"migration,omitempty"`
+
+	// TLS secures every path into and between the cluster's pods
+	// (docs/security.md). Off unless set.
+	// +optional
+	TLS *TLSSpec `json:"tls,omitempty"`
+
+	// Users names a Secret key holding Redis ACL users, one per line
+	// ("user <name> <rules...>", as in Redis's ACL files). The operator
+	// keeps the cluster's users the Secret names equal to it (ACL SETUSER
+	// users it did not create are left alone) and every node applies
+	// them. Passwords are stored as SHA-256 hashes only.
+	// +optional
+	Users *corev1.SecretKeySelector `json:"users,omitempty"`
 
 	// Paused stops the operator from changing anything of this cluster
 	// (its ReplicaGroups included); status is still updated.

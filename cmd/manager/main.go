@@ -47,19 +47,20 @@ func run(args []string) int {
 		fs.PrintDefaults()
 	}
 	var (
-		metricsAddr   = fs.String("metrics-bind-address", ":8443", `address of the Prometheus /metrics endpoint ("0" disables it); e.g. :8443 with --metrics-secure, :8080 without`)
-		metricsSecure = fs.Bool("metrics-secure", true, "serve /metrics over HTTPS to callers the API server authenticates and authorizes (get on the non-resource URL /metrics); false: plain HTTP, open to anyone who reaches the port")
-		metricsCerts  = fs.String("metrics-cert-path", "", "directory with tls.crt and tls.key for the metrics endpoint, reloaded when they change (default: a self-signed certificate made at start)")
-		enableHTTP2   = fs.Bool("enable-http2", false, "allow HTTP/2 on the metrics endpoint (off: CVE-2023-44487, CVE-2023-39325)")
-		probeAddr     = fs.String("health-probe-bind-address", ":8081", `address of /healthz and /readyz ("0" disables them)`)
-		leaderElect   = fs.Bool("leader-elect", false, "elect a leader (Lease shardkv-operator) so only one manager replica reconciles")
-		leaderNS      = fs.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace; required with --leader-elect outside a cluster)")
-		defaultImage  = fs.String("default-image", envOr("SHARDKV_IMAGE", "shardkv:dev"), "node image for pods whose spec sets none (env SHARDKV_IMAGE)")
-		dialPodIPs    = fs.Bool("dial-pod-ips", false, "reach replicas at their pod IPs instead of cluster DNS names (an operator running outside the cluster, e.g. make run-manager)")
-		watchNS       = fs.String("watch-namespace", "", "watch and manage only this namespace (default: all namespaces); the manager then needs only a Role there (config/namespaced)")
-		nsAlias       = fs.String("namespace", "", "the same as --watch-namespace (the older name)")
-		logLevel      = fs.String("log-level", "info", "log level: debug, info, warn or error")
-		logFormat     = fs.String("log-format", "text", "log format: text or json")
+		metricsAddr    = fs.String("metrics-bind-address", ":8443", `address of the Prometheus /metrics endpoint ("0" disables it); e.g. :8443 with --metrics-secure, :8080 without`)
+		metricsSecure  = fs.Bool("metrics-secure", true, "serve /metrics over HTTPS to callers the API server authenticates and authorizes (get on the non-resource URL /metrics); false: plain HTTP, open to anyone who reaches the port")
+		metricsCerts   = fs.String("metrics-cert-path", "", "directory with tls.crt and tls.key for the metrics endpoint, reloaded when they change (default: a self-signed certificate made at start)")
+		enableHTTP2    = fs.Bool("enable-http2", false, "allow HTTP/2 on the metrics endpoint (off: CVE-2023-44487, CVE-2023-39325)")
+		probeAddr      = fs.String("health-probe-bind-address", ":8081", `address of /healthz and /readyz ("0" disables them)`)
+		leaderElect    = fs.Bool("leader-elect", false, "elect a leader (Lease shardkv-operator) so only one manager replica reconciles")
+		leaderNS       = fs.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace; required with --leader-elect outside a cluster)")
+		defaultImage   = fs.String("default-image", envOr("SHARDKV_IMAGE", "shardkv:dev"), "node image for pods whose spec sets none (env SHARDKV_IMAGE)")
+		dialPodIPs     = fs.Bool("dial-pod-ips", false, "reach replicas at their pod IPs instead of cluster DNS names (an operator running outside the cluster, e.g. make run-manager)")
+		tlsPropagation = fs.Duration("tls-propagation", controllers.DefaultTLSPropagation, "how long a CA rotation lets each Secret change reach every pod (kubelet refreshes mounted Secrets on its sync period, 1m by default) before relying on it")
+		watchNS        = fs.String("watch-namespace", "", "watch and manage only this namespace (default: all namespaces); the manager then needs only a Role there (config/namespaced)")
+		nsAlias        = fs.String("namespace", "", "the same as --watch-namespace (the older name)")
+		logLevel       = fs.String("log-level", "info", "log level: debug, info, warn or error")
+		logFormat      = fs.String("log-format", "text", "log format: text or json")
 	)
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -107,6 +108,9 @@ func run(args []string) int {
 		// cluster.
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Label: labels.SelectorFromSet(labels.Set{controllers.LabelManagedBy: controllers.ManagedBy})},
+			// And only its own Secrets (the clusters' certificates); the
+			// Secret spec.users names is read from the API server.
+			&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{controllers.LabelManagedBy: controllers.ManagedBy})},
 		},
 	}
 	if *watchNS != "" {
@@ -138,14 +142,17 @@ func run(args []string) int {
 
 	dp := controllers.NewGRPCDataPlane()
 	defer dp.Close()
+	creds := &controllers.TLSCredentials{Reader: mgr.GetClient()}
 
 	if err := (&controllers.ShardMapReconciler{
-		Client:       mgr.GetClient(),
-		Scheme:       mgr.GetScheme(),
-		Recorder:     mgr.GetEventRecorder("shardmap-controller"),
-		DataPlane:    dp,
-		DefaultImage: *defaultImage,
-		DialPodIPs:   *dialPodIPs,
+		Client:         mgr.GetClient(),
+		Scheme:         mgr.GetScheme(),
+		Recorder:       mgr.GetEventRecorder("shardmap-controller"),
+		DataPlane:      dp,
+		Credentials:    creds,
+		TLSPropagation: *tlsPropagation,
+		DefaultImage:   *defaultImage,
+		DialPodIPs:     *dialPodIPs,
 	}).SetupWithManager(mgr); err != nil {
 		setupLog.Error(err, "unable to set up the ShardMap reconciler")
 		return 1
@@ -156,6 +163,7 @@ func run(args []string) int {
 		Scheme:       mgr.GetScheme(),
 		Recorder:     mgr.GetEventRecorder("replicagroup-controller"),
 		DataPlane:    dp,
+		Credentials:  creds,
 		DefaultImage: *defaultImage,
 		DialPodIPs:   *dialPodIPs,
 	}).SetupWithManager(mgr); err != nil {

@@ -42,7 +42,7 @@ var allowed = map[string][]string{
 	"pkg/workload":            {"pkg/client", "pkg/kvcheck", "pkg/routing", "pkg/shardkvpb", "pkg/grpcdial"},
 	"pkg/kvctl":               {"pkg/client", "pkg/ctrler/ctrlerclient", "pkg/grpcdial", "pkg/kvcheck", "pkg/routing", "pkg/shardkvpb", "pkg/workload", "pkg/localstate", "pkg/mtls"},
 	"pkg/node":                {"internal/durable", "pkg/localstate", "pkg/ctrler", "pkg/ctrler/ctrlerclient", "pkg/ctrler/placement", "pkg/grpcdial", "pkg/raftgroup", "pkg/resp", "pkg/routing", "pkg/shardkv", "pkg/shardkvpb", "pkg/mtls"},
-	"controllers":             {"api/v1alpha1", "pkg/ctrler/ctrlerclient", "pkg/grpcdial", "pkg/shardkvpb"},
+	"controllers":             {"api/v1alpha1", "pkg/ctrler/ctrlerclient", "pkg/grpcdial", "pkg/mtls", "pkg/resp/acl", "pkg/shardkvpb"},
 	"cmd/node":                {"pkg/node"},
 	"cmd/kvctl":               {"pkg/kvctl"},
 	"cmd/manager":             {"api/v1alpha1", "controllers"},

@@ -74,7 +74,7 @@ func init() {
 		{"append", "<key> <value>", "append value to key's value (creating it)", cmdAppend},
 		{"del", "<key>", "delete key (exit 3 if it did not exist)", cmdDel},
 		{"bench", "[--clients=8] [--duration=10s | --ops=N] [--value-size=64] [--keys=1000] [--read-ratio=0.5] [--key-prefix=kvctl-bench:]", "run a load and print a latency table", cmdBench},
-		{"workload", "[--redis=HOST:PORT[,...] [--redis-password=PW]] [--clients=8] [--keys=16] [--prefix=P] [--rate=50] [--op-timeout=10s] [--listen=:8090] [--duration=0] [--check [--check-timeout=5m] [--viz=FILE]]", "record a history for a linearizability check; serves it over HTTP (GET /status, POST /stop, GET /history)", cmdWorkload},
+		{"workload", "[--redis=HOST:PORT[,...] [--redis-user=U] [--redis-password=PW]] [--clients=8] [--keys=16] [--prefix=P] [--rate=50] [--op-timeout=10s] [--listen=:8090] [--duration=0] [--check [--check-timeout=5m] [--viz=FILE]]", "record a history for a linearizability check; serves it over HTTP (GET /status, POST /stop, GET /history)", cmdWorkload},
 		{"join", "<gid>=<addr>[,<addr>...] ... [--weight=N]", "add data groups (addresses are the members' gRPC addresses)", cmdJoin},
 		{"leave", "<gid>...", "remove data groups; their shards move to the others (planned, then cut over)", cmdLeave},
 		{"move", "<shard> <gid> [--stop-and-copy] [--wait] | --cancel <shard>", "pin shard to group gid (a planned move: pre-copy, then cut-over); --cancel a planned move; --wait prints its phases until the target serves it", cmdMove},
@@ -192,6 +192,8 @@ type kvctl struct {
 
 	pool *grpcdial.Pool    // connections to single replicas
 	dial []grpc.DialOption // plaintext, or mutual TLS (--tls-dir)
+	// tlsSource is --tls-dir's certificates (nil: none).
+	tlsSource *mtls.Source
 
 	mu   sync.Mutex
 	ctrl *ctrlerclient.Client
@@ -652,6 +654,7 @@ func (k *kvctl) setupDial() error {
 			return fmt.Errorf("--tls-dir=%s: %w", dir, err)
 		}
 		k.dial = grpcdial.OptionsWith(src.ClientCredentials(mtls.AnyNode))
+		k.tlsSource = src
 	}
 	k.pool = grpcdial.NewPool(k.dial...)
 	return nil

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/kvcheck"
+	"github.com/shardkv/shardkv/pkg/mtls"
 	"github.com/shardkv/shardkv/pkg/workload"
 )
 
@@ -40,6 +41,7 @@ func parseWorkload(k *kvctl, args []string) (*workloadArgs, error) {
 	viz := fs.String("viz", "", "")
 	redisSeeds := fs.String("redis", "", "")
 	redisPass := fs.String("redis-password", "", "")
+	redisUser := fs.String("redis-user", "", "")
 	if _, err := k.parse(fs, args, 0, 0); err != nil {
 		return nil, err
 	}
@@ -74,7 +76,13 @@ func parseWorkload(k *kvctl, args []string) (*workloadArgs, error) {
 		if len(w.cfg.Redis) == 0 {
 			return nil, usagef(nil, "--redis needs host:port addresses")
 		}
-		w.cfg.RedisPassword = os.Getenv(EnvRedisPassword)
+		w.cfg.RedisPassword, w.cfg.RedisUser = os.Getenv(EnvRedisPassword), *redisUser
+		// With --tls-dir, the Redis connections are TLS too: the
+		// replicas' certificates are checked against its CA, and its
+		// certificate is presented (for --resp-tls-auth-clients).
+		if k.tlsSource != nil {
+			w.cfg.RedisTLS = k.tlsSource.ClientConfig(mtls.AnyGroup)
+		}
 		fs.Visit(func(f *flag.Flag) {
 			if f.Name == "redis-password" {
 				w.cfg.RedisPassword = *redisPass

@@ -77,4 +77,7 @@ func TestWorkloadFlags(t *testing.T) {
 	if w = parse("--redis=a:1", "--redis-password="); w.cfg.RedisPassword != "" {
 		t.Fatalf("--redis-password=: %q", w.cfg.RedisPassword)
 	}
+	if w = parse("--redis=a:1", "--redis-user=app"); w.cfg.RedisUser != "app" || w.cfg.RedisTLS != nil {
+		t.Fatalf("--redis-user: %q (TLS %v without --tls-dir)", w.cfg.RedisUser, w.cfg.RedisTLS)
+	}
 }

@@ -45,8 +45,8 @@ const recheckEvery = time.Second
 // Source holds the current certificate, key and CA pool, re-read from
 // disk when the files change. It is safe for concurrent use.
 type Source struct {
-	files Files
-	log   *slog.Logger
+	read func() ([3][]byte, error) // certificate, key, CA bundle (PEM)
+	log  *slog.Logger
 
 	mu      sync.Mutex
 	checked time.Time
@@ -71,8 +71,19 @@ func Load(f Files, log *slog.Logger) (*Source, error) {
 	if !f.Enabled() {
 		return nil, errors.New("no TLS files given")
 	}
-	s := &Source{files: f, log: log}
-	raw, err := f.read()
+	return LoadFunc(f.read, log)
+}
+
+// LoadFunc is Load for material kept elsewhere than in files (the
+// operator reads it from a Kubernetes Secret): read returns the
+// certificate, its key and the CA bundle as PEM, and is called again at
+// most once a second on handshakes and on every Run tick.
+func LoadFunc(read func() (certPEM, keyPEM, caPEM []byte, err error), log *slog.Logger) (*Source, error) {
+	s := &Source{read: func() ([3][]byte, error) {
+		c, k, ca, err := read()
+		return [3][]byte{c, k, ca}, err
+	}, log: log}
+	raw, err := s.read()
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +141,7 @@ func (s *Source) reload(force bool) {
 		return
 	}
 	s.checked = now
-	raw, err := s.files.read()
+	raw, err := s.read()
 	if err != nil {
 		s.refuse(raw, err)
 		return
@@ -166,16 +177,14 @@ func same(a, b [3][]byte) bool {
 	return bytes.Equal(a[0], b[0]) && bytes.Equal(a[1], b[1]) && bytes.Equal(a[2], b[2])
 }
 
-func (f Files) read() ([3][]byte, error) {
+func (f Files) read() (certPEM, keyPEM, caPEM []byte, err error) {
 	var raw [3][]byte
 	for i, p := range []string{f.Cert, f.Key, f.CA} {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return raw, fmt.Errorf("read TLS file: %w", err)
+		if raw[i], err = os.ReadFile(p); err != nil {
+			return nil, nil, nil, fmt.Errorf("read TLS file: %w", err)
 		}
-		raw[i] = b
 	}
-	return raw, nil
+	return raw[0], raw[1], raw[2], nil
 }
 
 func parse(raw [3][]byte, now time.Time) (*material, error) {

@@ -2,6 +2,7 @@ package workload
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +17,13 @@ import (
 // password of kvctl workload --redis (--redis-password overrides it).
 const EnvRedisPassword = "SHARDKV_REDIS_PASSWORD"
 
+// RedisAuth is how the Redis clients authenticate: AUTH [user] password,
+// and TLS (nil: plain text).
+type RedisAuth struct {
+	User, Password string
+	TLS            *tls.Config
+}
+
 // redisKV is a kv over the Redis Cluster protocol of the data-group
 // replicas: GET, SET and APPEND through a go-redis ClusterClient, which
 // follows MOVED and ASK and retries TRYAGAIN and CLUSTERDOWN itself.
@@ -27,12 +35,14 @@ type redisKV struct{ c *redis.ClusterClient }
 // (6 s) above the front ends' write timeout (2 s by default), so a slow
 // write is answered "outcome unknown" rather than timed out. Calls end at
 // their context's deadline (the op timeout).
-func newRedisKV(seeds []string, password string, opTimeout time.Duration) redisKV {
+func newRedisKV(seeds []string, auth RedisAuth, opTimeout time.Duration) redisKV {
 	c := redis.NewClusterClient(&redis.ClusterOptions{
 		// A copy: go-redis appends the nodes it learns to Addrs in place,
 		// which would race between clients sharing seeds' array.
 		Addrs:                 slices.Clone(seeds),
-		Password:              password,
+		Username:              auth.User,
+		Password:              auth.Password,
+		TLSConfig:             auth.TLS,
 		ClientName:            "kvctl-workload",
 		MaxRedirects:          16,
 		MinRetryBackoff:       8 * time.Millisecond,

@@ -13,6 +13,7 @@ package workload
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -49,11 +50,15 @@ type Config struct {
 	Dial          []grpc.DialOption
 	Redis         []string // if set, Redis Cluster seeds: the clients speak RESP
 	RedisPassword string   // the password of the Redis front ends (AUTH)
-	Clients       int
-	Keys          int
-	Prefix        string        // keys are wl-<Prefix>-<i>
-	OpTimeout     time.Duration // one call, the client's retries included
-	Rate          float64       // ops/s per client, 0: unlimited
+	// RedisUser is the ACL user to AUTH as ("": the default user);
+	// RedisTLS the TLS configuration of the Redis connections (nil: plain).
+	RedisUser string
+	RedisTLS  *tls.Config
+	Clients   int
+	Keys      int
+	Prefix    string        // keys are wl-<Prefix>-<i>
+	OpTimeout time.Duration // one call, the client's retries included
+	Rate      float64       // ops/s per client, 0: unlimited
 }
 
 // Workload runs cfg.Clients clients, each its own kv (a client.Client with
@@ -106,7 +111,7 @@ func New(cfg Config, log io.Writer) (*Workload, error) {
 	for range cfg.Clients {
 		var c kv
 		if len(cfg.Redis) > 0 {
-			c = newRedisKV(cfg.Redis, cfg.RedisPassword, cfg.OpTimeout)
+			c = newRedisKV(cfg.Redis, RedisAuth{User: cfg.RedisUser, Password: cfg.RedisPassword, TLS: cfg.RedisTLS}, cfg.OpTimeout)
 		} else {
 			gc, err := client.New(cfg.Ctrler, cfg.Dial...)
 			if err != nil {

@@ -293,7 +293,7 @@ func TestWorkloadRedis(t *testing.T) {
 		}
 
 		// A key that already has a value: the run refuses to start.
-		cl := newRedisKV(seeds, password, 5*time.Second)
+		cl := newRedisKV(seeds, RedisAuth{Password: password}, 5*time.Second)
 		defer cl.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -393,7 +393,7 @@ func (f *fakeRedis) serve(c net.Conn) {
 // may have been applied); a get is.
 func TestRedisKVNoResend(t *testing.T) {
 	f := newFakeRedis(t)
-	c := newRedisKV([]string{f.ln.Addr().String()}, "", 5*time.Second)
+	c := newRedisKV([]string{f.ln.Addr().String()}, RedisAuth{}, 5*time.Second)
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
