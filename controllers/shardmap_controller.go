@@ -135,6 +135,7 @@ type ShardMapReconciler struct {
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=cert-manager.io,resources=certificates,verbs=get;create;update
 
 // SetupWithManager registers the reconciler with mgr.
 func (r *ShardMapReconciler) SetupWithManager(mgr ctrl.Manager) error {

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
@@ -42,10 +43,11 @@ func (r *ShardMapReconciler) tlsPropagation() time.Duration {
 	return orDefault(r.TLSPropagation, DefaultTLSPropagation)
 }
 
-// observeTLS reads the cluster's TLS Secrets (nil: TLS is not Managed).
+// observeTLS reads the cluster's TLS Secrets, and in mode CertManager its
+// Certificates (nil: TLS is off).
 func (r *ShardMapReconciler) observeTLS(ctx context.Context, sm *shardkvv1.ShardMap, groups map[string]*shardkvv1.ReplicaGroup) (*tlsObserved, error) {
 	spec := sm.Spec.TLS
-	if spec == nil || spec.Mode != shardkvv1.TLSManaged {
+	if !sm.Spec.TLSEnabled() {
 		return nil, nil
 	}
 	o := &tlsObserved{
@@ -57,6 +59,7 @@ func (r *ShardMapReconciler) observeTLS(ctx context.Context, sm *shardkvv1.Shard
 		RotateCA:    sm.Annotations[AnnotationRotateCA],
 		Leaves:      map[string]*corev1.Secret{},
 		Want:        wantLeaves(sm, groups),
+		SM:          sm,
 	}
 	if spec.CertificateLifetime != nil && spec.CertificateLifetime.Duration > 0 {
 		o.Lifetime = spec.CertificateLifetime.Duration
@@ -78,16 +81,15 @@ func (r *ShardMapReconciler) observeTLS(ctx context.Context, sm *shardkvv1.Shard
 		}
 		return s, nil
 	}
+	if spec.Mode == shardkvv1.TLSCertManager {
+		return o, r.observeCertificates(ctx, sm, o, groups)
+	}
 	var err error
 	if o.CA, err = get(CASecretName(sm.Name), sm); err != nil {
 		return nil, err
 	}
 	for _, l := range o.Want {
-		var owner metav1.Object = sm
-		if l.Group != "" {
-			owner = groups[l.Group]
-		}
-		s, err := get(l.Secret, owner)
+		s, err := get(l.Secret, leafOwner(sm, groups, l))
 		if err != nil {
 			return nil, err
 		}
@@ -96,6 +98,53 @@ func (r *ShardMapReconciler) observeTLS(ctx context.Context, sm *shardkvv1.Shard
 		}
 	}
 	return o, nil
+}
+
+// leafOwner is the object that owns leaf l's Secret (mode Managed) or
+// Certificate (mode CertManager): its ReplicaGroup, or the ShardMap.
+func leafOwner(sm *shardkvv1.ShardMap, groups map[string]*shardkvv1.ReplicaGroup, l tlsLeaf) client.Object {
+	if l.Group != "" {
+		return groups[l.Group]
+	}
+	return sm
+}
+
+// observeCertificates reads mode CertManager's Certificates (from the API
+// server: they are few, and the cache would need list and watch on every
+// Certificate of the cluster) and the Secrets cert-manager filled.
+func (r *ShardMapReconciler) observeCertificates(ctx context.Context, sm *shardkvv1.ShardMap, o *tlsObserved, groups map[string]*shardkvv1.ReplicaGroup) error {
+	o.CertManager = &certManagerObserved{Issuer: *sm.Spec.TLS.IssuerRef, Certs: map[string]*unstructured.Unstructured{}}
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	for _, l := range o.Want {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(certificateGVK)
+		switch err := reader.Get(ctx, client.ObjectKey{Namespace: sm.Namespace, Name: l.Secret}, u); {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			o.CertManager.Err = err
+			return nil
+		case !metav1.IsControlledBy(u, leafOwner(sm, groups, l)):
+			o.Conflicts = append(o.Conflicts, "Certificate "+l.Secret)
+		default:
+			o.CertManager.Certs[l.Secret] = u
+		}
+		// cert-manager's Secret: labelled by the Certificate's
+		// secretTemplate, owned by no one (or the Certificate).
+		s := &corev1.Secret{}
+		switch err := r.Get(ctx, client.ObjectKey{Namespace: sm.Namespace, Name: l.Secret}, s); {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return err
+		default:
+			if len(s.Data[corev1.TLSCertKey]) > 0 {
+				o.Leaves[l.Secret] = s
+			}
+		}
+	}
+	return nil
 }
 
 // executeTLS writes the Secret step st changes.
@@ -207,14 +256,26 @@ func (r *ShardMapReconciler) executeTLS(ctx context.Context, sm *shardkvv1.Shard
 			Type: corev1.SecretTypeTLS,
 			Data: data,
 		}
-		var owner client.Object = sm
-		if st.Leaf.Group != "" {
-			owner = o.Groups[st.Leaf.Group]
-		}
-		if err := r.createSecretOwned(ctx, owner, s); err != nil {
+		if err := r.createSecretOwned(ctx, leafOwner(sm, o.Groups, st.Leaf), s); err != nil {
 			return smOutcome{}, err
 		}
 		return done("issued the certificate of %s in Secret %s", st.Leaf.Identity, s.Name)
+
+	case tlsApplyCertificate:
+		want := desiredCertificate(sm, st.Leaf, t.Lifetime, t.CertManager.Issuer)
+		if have := t.CertManager.Certs[st.Leaf.Secret]; have != nil {
+			u := have.DeepCopy()
+			u.Object["spec"] = want.Object["spec"]
+			setAnnotation(u, annotationCertSpec, want.GetAnnotations()[annotationCertSpec])
+			if err := r.Update(ctx, u); err != nil {
+				return smOutcome{}, err
+			}
+			return done("updated cert-manager Certificate %s for %s", u.GetName(), st.Leaf.Identity)
+		}
+		if err := createOwned(ctx, r.Client, r.Scheme, leafOwner(sm, o.Groups, st.Leaf), want); err != nil {
+			return smOutcome{}, err
+		}
+		return done("asked cert-manager for the certificate of %s (Certificate %s, issuer %s %s)", st.Leaf.Identity, want.GetName(), t.CertManager.Issuer.Kind, t.CertManager.Issuer.Name)
 
 	case tlsUpdateBundle:
 		s := t.Leaves[st.Leaf.Secret].DeepCopy()

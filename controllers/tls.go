@@ -24,9 +24,12 @@ import (
 	"encoding/pem"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
 	"github.com/shardkv/shardkv/pkg/mtls"
@@ -132,6 +135,10 @@ type tlsObserved struct {
 	Leaves    map[string]*corev1.Secret
 	Want      []tlsLeaf
 	Conflicts []string
+	// CertManager is set in mode CertManager (and CA is nil); SM is the
+	// ShardMap, whose name and namespace its Certificates carry.
+	CertManager *certManagerObserved
+	SM          *shardkvv1.ShardMap
 }
 
 // tlsStepKind is a TLS change.
@@ -146,6 +153,8 @@ const (
 	tlsTrimCA       tlsStepKind = "TrimCABundle"
 	tlsIssue        tlsStepKind = "IssueCertificate"
 	tlsUpdateBundle tlsStepKind = "UpdateCABundle"
+	// mode CertManager: create or update the Certificate of Leaf.
+	tlsApplyCertificate tlsStepKind = "ApplyCertificate"
 )
 
 // tlsStep is one TLS change: Leaf for tlsIssue and tlsUpdateBundle; Why
@@ -203,6 +212,9 @@ func (o *tlsObserved) caBundle() []byte { return o.CA.Data[corev1.ServiceAccount
 // Leaves come first (a missing certificate keeps pods from starting),
 // then the CA rotation.
 func planTLS(o *tlsObserved) (step tlsStep, wait string) {
+	if o.CertManager != nil {
+		return planCertManager(o, o.SM)
+	}
 	if len(o.Conflicts) > 0 {
 		return tlsStep{}, fmt.Sprintf("Secrets %v exist and are not this cluster's: rename or delete them", o.Conflicts)
 	}
@@ -275,4 +287,106 @@ func planTLS(o *tlsObserved) (step tlsStep, wait string) {
 func sameIdentity(c *x509.Certificate, id mtls.Identity) bool {
 	got, err := mtls.IdentityOf(c)
 	return err == nil && got == id
+}
+
+// certManagerObserved is mode CertManager's view: the cluster's
+// Certificate objects by name (the name of the Secret they fill).
+type certManagerObserved struct {
+	Issuer shardkvv1.IssuerRef
+	Certs  map[string]*unstructured.Unstructured
+	// Err: the Certificates could not be read (cert-manager not installed).
+	Err error
+}
+
+// certificateGVK is cert-manager's Certificate.
+var certificateGVK = schema.GroupVersionKind{Group: "cert-manager.io", Version: "v1", Kind: "Certificate"}
+
+// annotationCertSpec on a Certificate: the hash of the spec the operator
+// last wrote, so a change of the desired spec is seen without comparing
+// against cert-manager's defaults.
+const annotationCertSpec = "shardkv.io/spec-hash"
+
+// desiredCertificate is the cert-manager Certificate of leaf l: the same
+// identity (URI SAN), hosts and usages as mode Managed issues, renewed a
+// third of its lifetime before it expires, with a new key each time, and
+// the Secret labelled so that the operator's cache holds it.
+func desiredCertificate(sm *shardkvv1.ShardMap, l tlsLeaf, lifetime time.Duration, issuer shardkvv1.IssuerRef) *unstructured.Unstructured {
+	kind, group := issuer.Kind, issuer.Group
+	if kind == "" {
+		kind = "Issuer"
+	}
+	if group == "" {
+		group = "cert-manager.io"
+	}
+	labels := map[string]any{}
+	for k, v := range tlsLabels(sm.Name) {
+		labels[k] = v
+	}
+	spec := map[string]any{
+		"secretName":     l.Secret,
+		"secretTemplate": map[string]any{"labels": labels},
+		"commonName":     "shardkv " + l.Identity.String(),
+		"uris":           []any{l.Identity.URI().String()},
+		"duration":       lifetime.String(),
+		"renewBefore":    (lifetime / 3).String(),
+		"usages":         []any{"digital signature", "server auth", "client auth"},
+		"privateKey":     map[string]any{"algorithm": "ECDSA", "size": int64(256), "rotationPolicy": "Always"},
+		"issuerRef":      map[string]any{"name": issuer.Name, "kind": kind, "group": group},
+	}
+	if len(l.Hosts) > 0 {
+		hosts := make([]any, len(l.Hosts))
+		for i, h := range l.Hosts {
+			hosts[i] = h
+		}
+		spec["dnsNames"] = hosts
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
+	u.SetGroupVersionKind(certificateGVK)
+	u.SetNamespace(sm.Namespace)
+	u.SetName(l.Secret)
+	u.SetLabels(tlsLabels(sm.Name))
+	u.SetAnnotations(map[string]string{annotationCertSpec: contentHash(spec)})
+	return u
+}
+
+// planCertManager is mode CertManager's one next change: a Certificate to
+// create or update; else what waits for cert-manager.
+func planCertManager(o *tlsObserved, sm *shardkvv1.ShardMap) (tlsStep, string) {
+	cm := o.CertManager
+	if cm.Err != nil {
+		return tlsStep{}, fmt.Sprintf("cannot read cert-manager Certificates (is cert-manager installed?): %v", cm.Err)
+	}
+	if len(o.Conflicts) > 0 {
+		return tlsStep{}, fmt.Sprintf("objects %v exist and are not this cluster's: rename or delete them", o.Conflicts)
+	}
+	var waits []string
+	for _, l := range o.Want {
+		want := desiredCertificate(sm, l, o.Lifetime, cm.Issuer)
+		have := cm.Certs[l.Secret]
+		switch {
+		case have == nil:
+			return tlsStep{Kind: tlsApplyCertificate, Leaf: l, Why: "new"}, ""
+		case have.GetAnnotations()[annotationCertSpec] != want.GetAnnotations()[annotationCertSpec]:
+			return tlsStep{Kind: tlsApplyCertificate, Leaf: l, Why: "its spec changed"}, ""
+		}
+		if o.Leaves[l.Secret] == nil {
+			waits = append(waits, fmt.Sprintf("Secret %s (Certificate %s: %s)", l.Secret, l.Secret, certificateReadiness(have)))
+		}
+	}
+	if len(waits) > 0 {
+		return tlsStep{}, "waiting for cert-manager to issue " + strings.Join(waits, "; ")
+	}
+	return tlsStep{}, ""
+}
+
+// certificateReadiness is a Certificate's Ready condition, as text.
+func certificateReadiness(u *unstructured.Unstructured) string {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		m, ok := c.(map[string]any)
+		if ok && m["type"] == "Ready" {
+			return fmt.Sprintf("Ready=%v %v: %v", m["status"], m["reason"], m["message"])
+		}
+	}
+	return "no Ready condition yet"
 }

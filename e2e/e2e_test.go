@@ -198,6 +198,8 @@ func TestE2E(t *testing.T) {
 
 	run("ControllerLeaderLoss", func(t *testing.T) { e.controllerLeaderLoss(t) })
 
+	run("TLS", func(t *testing.T) { e.tlsCluster(t) })
+
 	run("Linearizable", func(t *testing.T) {
 		for _, name := range workloads {
 			h := e.stopWorkload(t, name)

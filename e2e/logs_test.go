@@ -7,6 +7,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -72,4 +73,18 @@ func (w *lockedWriter) Write(b []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.w.Write(b)
+}
+
+// missing are the followed pods whose log has no line containing s yet.
+func (f *logFollower) missing(s string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for pod, buf := range f.out {
+		if !strings.Contains(buf.String(), s) {
+			out = append(out, pod)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -124,12 +124,14 @@ func mayHaveRun(err error) bool {
 }
 
 // isAuthError reports whether err is a Redis front end refusing the
-// password (or asking for one): retrying does not help.
+// password (or asking for one), or the ACL user lacking the permission:
+// retrying does not help.
 func isAuthError(err error) bool {
 	var rerr redis.Error
 	if !errors.As(err, &rerr) {
 		return false
 	}
 	s := rerr.Error()
-	return strings.HasPrefix(s, "WRONGPASS") || strings.HasPrefix(s, "NOAUTH") || strings.HasPrefix(s, "ERR AUTH")
+	return strings.HasPrefix(s, "WRONGPASS") || strings.HasPrefix(s, "NOAUTH") || strings.HasPrefix(s, "ERR AUTH") ||
+		strings.HasPrefix(s, "NOPERM") // the ACL user may not run this or touch the key: waiting will not help
 }

@@ -200,7 +200,7 @@ func (w *Workload) warmUp() error {
 				return w.runCtx.Err()
 			}
 			if isAuthError(err) {
-				return fmt.Errorf("workload: get %q: %s (--redis-password, $%s)", key, client.ErrorLine(err), EnvRedisPassword)
+				return fmt.Errorf("workload: get %q: %s (--redis-user, --redis-password, $%s)", key, client.ErrorLine(err), EnvRedisPassword)
 			}
 			msg := fmt.Sprintf("waiting for the cluster: get %q: %s", key, client.ErrorLine(err))
 			w.mu.Lock()
