@@ -75,6 +75,18 @@ func (w *lockedWriter) Write(b []byte) (int, error) {
 	return w.w.Write(b)
 }
 
+// followed are the pods being followed.
+func (f *logFollower) followed() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]string, 0, len(f.out))
+	for pod := range f.out {
+		out = append(out, pod)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // missing are the followed pods whose log has no line containing s yet.
 func (f *logFollower) missing(s string) []string {
 	f.mu.Lock()

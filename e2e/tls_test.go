@@ -117,6 +117,9 @@ spec:
 		before[n] = st
 	}
 	logs := e.followLogs(t, controllers.CtrlerName(tlsSM), tlsGroup)
+	if pods := logs.followed(); len(pods) != 4 {
+		t.Fatalf("following the logs of %v, want the 4 pods of the cluster", pods)
+	}
 	oldCA := e.secretData(t, controllers.CASecretName(tlsSM), corev1.TLSCertKey)
 	t1 := time.Now()
 	e.k(t, "annotate", "shardmap/"+tlsSM, controllers.AnnotationRotateCA+"=e2e", "--overwrite")
