@@ -5,11 +5,14 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+
+	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
 )
 
 // Pieces shared by the pods of both kinds (controller and data groups):
@@ -73,18 +76,47 @@ func httpProbe(initialDelay, period, timeout, failures int32) *corev1.Probe {
 // tlsVolume is the pod volume of its certificate Secret.
 const tlsVolume = "tls"
 
+// HTTPTokenMountPath is where the pods mount spec.http.tokenSecret's key,
+// as the file "token".
+const HTTPTokenMountPath = "/etc/shardkv/http"
+
+// addSecurity adds what the ShardMap's spec.tls and spec.http ask of a node
+// pod whose certificate is in Secret tlsSecret. With neither, the pod is
+// left exactly as it was (a template hash that does not change).
+func addSecurity(spec *corev1.PodSpec, sm *shardkvv1.ShardMap, tlsSecret string) {
+	if sm.Spec.TLSEnabled() {
+		addTLS(spec, tlsSecret)
+	}
+	c := &spec.Containers[0]
+	if sel := sm.Spec.HTTP.TokenSecret; sel != nil {
+		c.Args = append(c.Args, "--http-token-file="+HTTPTokenMountPath+"/token")
+		spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "http-token", VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{SecretName: sel.Name, DefaultMode: ptr.To[int32](0o440),
+				Items: []corev1.KeyToPath{{Key: sel.Key, Path: "token"}}}}})
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "http-token", MountPath: HTTPTokenMountPath, ReadOnly: true})
+	}
+	if sm.Spec.TLSEnabled() || sm.Spec.HTTP.TokenSecret != nil {
+		// The probes' paths, and what the spec opens; node serves every
+		// other path only to the token or an admin certificate.
+		var open []string
+		for _, p := range append([]string{"/healthz", "/readyz"}, sm.Spec.HTTP.OpenPaths...) {
+			if !slices.Contains(open, p) {
+				open = append(open, p)
+			}
+		}
+		c.Args = append(c.Args, "--http-open="+strings.Join(open, ","))
+	}
+}
+
 // addTLS makes a node pod speak TLS: its certificate Secret mounted at
 // TLSMountPath (readable by the node user through fsGroup, by no one
-// else), node's --tls-* flags naming the files, HTTPS probes, and the
-// probes' paths open without a token (node serves every other HTTP path
-// only to a bearer token or an admin certificate).
+// else), node's --tls-* flags naming the files, and HTTPS probes.
 func addTLS(spec *corev1.PodSpec, secret string) {
 	c := &spec.Containers[0]
 	c.Args = append(c.Args,
 		"--tls-cert="+TLSMountPath+"/"+corev1.TLSCertKey,
 		"--tls-key="+TLSMountPath+"/"+corev1.TLSPrivateKeyKey,
-		"--tls-ca="+TLSMountPath+"/"+corev1.ServiceAccountRootCAKey,
-		"--http-open=/healthz,/readyz")
+		"--tls-ca="+TLSMountPath+"/"+corev1.ServiceAccountRootCAKey)
 	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: tlsVolume, VolumeSource: corev1.VolumeSource{
 		Secret: &corev1.SecretVolumeSource{SecretName: secret, DefaultMode: ptr.To[int32](0o440)}}})
 	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: tlsVolume, MountPath: TLSMountPath, ReadOnly: true})

@@ -69,6 +69,7 @@ func operatorStatefulSets() map[string]*appsv1.StatefulSet {
 	smCustom.Spec.Migration.RateBytesPerSecond = 1 << 20
 	smTLS := sm.DeepCopy()
 	smTLS.Spec.TLS = &shardkvv1.TLSSpec{Mode: shardkvv1.TLSManaged, Redis: shardkvv1.RedisTLSAndPlain, RedisAuthClients: "yes"}
+	smTLS.Spec.HTTP.TokenSecret = &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "tok"}, Key: "t"}
 
 	rgr := &ReplicaGroupReconciler{DefaultImage: "shardkv:test"}
 	rg := &shardkvv1.ReplicaGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "demo-a"},

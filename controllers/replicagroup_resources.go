@@ -214,9 +214,7 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 			}},
 		},
 	}
-	if sm.Spec.TLSEnabled() {
-		addTLS(&tmpl.Spec, GroupTLSSecretName(rg.Name))
-	}
+	addSecurity(&tmpl.Spec, sm, GroupTLSSecretName(rg.Name))
 	return tmpl
 }
 

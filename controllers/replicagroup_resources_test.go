@@ -71,3 +71,38 @@ func TestNodeArgsTLS(t *testing.T) {
 		t.Errorf("Both Service ports %+v", ports)
 	}
 }
+
+// TestHTTPTokenPods: spec.http.tokenSecret mounts the token's key as a file
+// node re-reads (--http-token-file) and opens the probes' paths and
+// spec.http.openPaths only; without it and without TLS the flags and
+// volumes are absent (the template stays as it was).
+func TestHTTPTokenPods(t *testing.T) {
+	rg := &shardkvv1.ReplicaGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "g"}, Spec: shardkvv1.ReplicaGroupSpec{ShardMap: "sm"}}
+	rg.Status.GroupID = 1
+	sm := &shardkvv1.ShardMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "sm"}}
+	r := &ReplicaGroupReconciler{DefaultImage: "x"}
+	plain := r.podTemplate(rg, sm, 1, 3).Spec
+	if len(plain.Volumes) != 0 {
+		t.Fatalf("plain pod: volumes %v", plain.Volumes)
+	}
+	for _, a := range plain.Containers[0].Args {
+		if strings.HasPrefix(a, "--http-open") || strings.HasPrefix(a, "--http-token-file") {
+			t.Fatalf("plain pod has %s", a)
+		}
+	}
+	sm.Spec.HTTP = shardkvv1.HTTPSpec{TokenSecret: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "tok"}, Key: "t"},
+		OpenPaths: []string{"/metrics", "/readyz"}}
+	for name, pod := range map[string]corev1.PodSpec{"group": r.podTemplate(rg, sm, 1, 3).Spec,
+		"controller": (&ShardMapReconciler{DefaultImage: "x"}).ctrlerPodTemplate(sm, 3).Spec} {
+		args := strings.Join(pod.Containers[0].Args, " ") + " "
+		if !strings.Contains(args, "--http-token-file=/etc/shardkv/http/token ") || !strings.Contains(args, "--http-open=/healthz,/readyz,/metrics ") {
+			t.Errorf("%s args %s", name, args)
+		}
+		if len(pod.Volumes) != 1 || pod.Volumes[0].Secret.SecretName != "tok" || pod.Volumes[0].Secret.Items[0] != (corev1.KeyToPath{Key: "t", Path: "token"}) {
+			t.Errorf("%s volumes %+v", name, pod.Volumes)
+		}
+		if s := pod.Containers[0].ReadinessProbe.HTTPGet.Scheme; s == corev1.URISchemeHTTPS {
+			t.Errorf("%s: HTTPS probe without TLS", name)
+		}
+	}
+}

@@ -124,9 +124,7 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 			}},
 		},
 	}
-	if sm.Spec.TLSEnabled() {
-		addTLS(&tmpl.Spec, CtrlerTLSSecretName(sm.Name))
-	}
+	addSecurity(&tmpl.Spec, sm, CtrlerTLSSecretName(sm.Name))
 	return tmpl
 }
 

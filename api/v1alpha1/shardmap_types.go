@@ -48,6 +48,10 @@ type ShardMapSpec struct {
 	// +optional
 	TLS *TLSSpec `json:"tls,omitempty"`
 
+	// HTTP guards the pods' HTTP port (8080: /metrics, /status, /debug).
+	// +optional
+	HTTP HTTPSpec `json:"http,omitempty"`
+
 	// Users names a Secret key holding Redis ACL users, one per line
 	// ("user <name> <rules...>", as in Redis's ACL files). The operator
 	// keeps the cluster's users the Secret names equal to it (ACL SETUSER
@@ -60,6 +64,26 @@ type ShardMapSpec struct {
 	// (its ReplicaGroups included); status is still updated.
 	// +optional
 	Paused bool `json:"paused,omitempty"`
+}
+
+// HTTPSpec guards the HTTP port of the cluster's pods (docs/security.md).
+// With a token or TLS on, only the open paths are served without
+// authentication; the rest need the bearer token or (with TLS) an admin
+// client certificate.
+type HTTPSpec struct {
+	// TokenSecret names a Secret key holding the bearer token (node
+	// --http-token-file). The pods re-read it when the Secret changes, so
+	// a new token needs no restart. Setting or unsetting it rolls the
+	// pods.
+	// +optional
+	TokenSecret *corev1.SecretKeySelector `json:"tokenSecret,omitempty"`
+	// OpenPaths are more paths served to anyone, e.g. /metrics for a
+	// scraper without the token. /healthz and /readyz are always open:
+	// the kubelet's probes carry no token.
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:Pattern=`^/[A-Za-z0-9/_.-]*$`
+	// +optional
+	OpenPaths []string `json:"openPaths,omitempty"`
 }
 
 // MigrationSpec tunes live shard migration.
