@@ -174,7 +174,7 @@ func (r *ShardMapReconciler) executeTLS(ctx context.Context, sm *shardkvv1.Shard
 			Data: map[string][]byte{corev1.TLSCertKey: ca.CertPEM(), corev1.TLSPrivateKeyKey: keyPEM, corev1.ServiceAccountRootCAKey: ca.CertPEM()},
 		}
 		if err := r.createSecretOwned(ctx, sm, s); err != nil {
-			return smOutcome{}, err
+			return r.secretWriteFailed(sm, action, err)
 		}
 		return done("created the cluster's CA in Secret %s, valid until %s", s.Name, ca.NotAfter().UTC().Format(time.RFC3339))
 
@@ -257,7 +257,7 @@ func (r *ShardMapReconciler) executeTLS(ctx context.Context, sm *shardkvv1.Shard
 			Data: data,
 		}
 		if err := r.createSecretOwned(ctx, leafOwner(sm, o.Groups, st.Leaf), s); err != nil {
-			return smOutcome{}, err
+			return r.secretWriteFailed(sm, action, err)
 		}
 		return done("issued the certificate of %s in Secret %s", st.Leaf.Identity, s.Name)
 
@@ -298,6 +298,17 @@ func (r *ShardMapReconciler) createSecretOwned(ctx context.Context, owner client
 			s.Namespace, s.Name, LabelManagedBy, ManagedBy, err)
 	}
 	return err
+}
+
+// secretWriteFailed: a Secret of the cluster's names that is someone
+// else's is a wait the user must resolve, said in the Progressing condition
+// and a Warning Event (and retried with backoff); other errors end the pass.
+func (r *ShardMapReconciler) secretWriteFailed(sm *shardkvv1.ShardMap, action string, err error) (smOutcome, error) {
+	if !apierrors.IsAlreadyExists(err) {
+		return smOutcome{}, err
+	}
+	r.event(sm, corev1.EventTypeWarning, "SecretConflict", action, "%v", err)
+	return smOutcome{Progress: smCondition{metav1.ConditionTrue, ReasonWaitingForTLS, err.Error()}, Err: err}, nil
 }
 
 // unexpired is the PEM bundle b without certificates expired at now.

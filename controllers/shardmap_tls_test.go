@@ -12,6 +12,10 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
 	"github.com/shardkv/shardkv/pkg/mtls"
@@ -330,5 +334,34 @@ func TestShardMapUsers(t *testing.T) {
 	})
 	if got, _ := usersOf(); !strings.HasPrefix(got, "ops[on #") {
 		t.Fatalf("users changed by an invalid Secret: %s", got)
+	}
+}
+
+// TestShardMapTLSSecretConflict: a Secret of a certificate's name that is
+// not the cluster's is left alone, and the ShardMap says so. The manager's
+// cache holds only labelled Secrets, as cmd/manager's does, so it does not
+// see theirs: its create is refused, and that is the wait.
+func TestShardMapTLSSecretConflict(t *testing.T) {
+	ns := newNamespace(t)
+	if err := bindOperator(context.Background(), ns, "manager-role"); err != nil {
+		t.Fatal(err)
+	}
+	newOperatorManager(t, ns, func(o *ctrl.Options) {
+		o.Cache.ByObject = map[client.Object]cache.ByObject{
+			&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy})},
+		}
+	}, setupShardMap(newFakeDataPlane()))
+	theirs := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ClientTLSSecretName("sec")}, StringData: map[string]string{"x": "theirs"}}
+	mustCreate(t, theirs)
+	mustCreate(t, tlsShardMap(ns, "sec"))
+	waitSM(t, ns, "sec", "the conflict in Progressing", func(sm *shardkvv1.ShardMap) error {
+		return condIs(sm, shardkvv1.ConditionProgressing, metav1.ConditionTrue, ReasonWaitingForTLS, "already exists and is not managed by this cluster")
+	})
+	if err := hasEvent(ns, "sec", "SecretConflict", ClientTLSSecretName("sec")); err != nil {
+		t.Error(err)
+	}
+	s := &corev1.Secret{}
+	if err := get(context.Background(), ns, theirs.Name, s); err != nil || string(s.Data["x"]) != "theirs" || len(s.OwnerReferences) != 0 {
+		t.Fatalf("their Secret was changed: %v %+v", err, s)
 	}
 }
