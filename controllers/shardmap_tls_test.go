@@ -183,14 +183,14 @@ func TestShardMapTLSManaged(t *testing.T) {
 	// CA rotation, asked for by annotation. The clock moves 5s per
 	// check; every snapshot must be compatible.
 	oldCA := firstCert(snap.ca.Data[corev1.TLSCertKey])
-	smNow := &shardkvv1.ShardMap{}
-	if err := get(context.Background(), ns, "sec", smNow); err != nil {
-		t.Fatal(err)
-	}
-	setAnnotation(smNow, AnnotationRotateCA, "1")
-	if err := k8sClient.Update(context.Background(), smNow); err != nil {
-		t.Fatal(err)
-	}
+	eventually(t, "annotate the ShardMap", func() error { // the operator updates its status meanwhile
+		smNow := &shardkvv1.ShardMap{}
+		if err := get(context.Background(), ns, "sec", smNow); err != nil {
+			return err
+		}
+		setAnnotation(smNow, AnnotationRotateCA, "1")
+		return k8sClient.Update(context.Background(), smNow)
+	})
 	var promotedAt, markedAt time.Time
 	phases := []string{}
 	eventuallyWithin(t, 60*time.Second, "CA rotation done", func() error {
