@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
@@ -144,7 +145,51 @@ func (r *ShardMapReconciler) observeCertificates(ctx context.Context, sm *shardk
 			}
 		}
 	}
+	if len(o.Leaves) < len(o.Want) {
+		o.CertManager.IssuerProblem = r.issuerProblem(ctx, sm)
+	}
 	return nil
+}
+
+// RBAC: the Issuer of spec.tls.issuerRef is read to say why certificates
+// are not issued.
+//
+// +kubebuilder:rbac:groups=cert-manager.io,resources=issuers,verbs=get
+
+// issuerGVK is cert-manager's Issuer.
+var issuerGVK = schema.GroupVersionKind{Group: "cert-manager.io", Version: "v1", Kind: "Issuer"}
+
+// issuerProblem says why spec.tls.issuerRef's Issuer cannot sign: it does
+// not exist, or is not Ready (cert-manager's reason); "" when it is Ready
+// or is not a cert-manager Issuer of the ShardMap's namespace (a
+// ClusterIssuer is cluster-wide, which the operator's Role may not read).
+func (r *ShardMapReconciler) issuerProblem(ctx context.Context, sm *shardkvv1.ShardMap) string {
+	ref := sm.Spec.TLS.IssuerRef
+	if (ref.Kind != "" && ref.Kind != issuerGVK.Kind) || (ref.Group != "" && ref.Group != issuerGVK.Group) {
+		return ""
+	}
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(issuerGVK)
+	switch err := reader.Get(ctx, client.ObjectKey{Namespace: sm.Namespace, Name: ref.Name}, u); {
+	case apierrors.IsNotFound(err):
+		return fmt.Sprintf("Issuer %s does not exist in namespace %s (spec.tls.issuerRef)", ref.Name, sm.Namespace)
+	case err != nil:
+		return fmt.Sprintf("cannot read Issuer %s: %v", ref.Name, err)
+	}
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		if m, ok := c.(map[string]any); ok && m["type"] == "Ready" {
+			if m["status"] == "True" {
+				return ""
+			}
+			return fmt.Sprintf("Issuer %s is not ready (Ready=%v %v: %v)", ref.Name, m["status"], m["reason"], m["message"])
+		}
+	}
+	return fmt.Sprintf("Issuer %s is not ready (no Ready condition yet: is cert-manager running?)", ref.Name)
 }
 
 // executeTLS writes the Secret step st changes.

@@ -296,6 +296,10 @@ type certManagerObserved struct {
 	Certs  map[string]*unstructured.Unstructured
 	// Err: the Certificates could not be read (cert-manager not installed).
 	Err error
+	// IssuerProblem is what keeps the Issuer from signing, read when a
+	// Secret is not issued yet ("": none seen, or not checked: a
+	// ClusterIssuer or an issuer of another group).
+	IssuerProblem string
 }
 
 // certificateGVK is cert-manager's Certificate.
@@ -325,13 +329,18 @@ func desiredCertificate(sm *shardkvv1.ShardMap, l tlsLeaf, lifetime time.Duratio
 	spec := map[string]any{
 		"secretName":     l.Secret,
 		"secretTemplate": map[string]any{"labels": labels},
-		"commonName":     "shardkv " + l.Identity.String(),
 		"uris":           []any{l.Identity.URI().String()},
 		"duration":       lifetime.String(),
 		"renewBefore":    (lifetime / 3).String(),
 		"usages":         []any{"digital signature", "server auth", "client auth"},
 		"privateKey":     map[string]any{"algorithm": "ECDSA", "size": int64(256), "rotationPolicy": "Always"},
 		"issuerRef":      map[string]any{"name": issuer.Name, "kind": kind, "group": group},
+	}
+	// The identity is the URI SAN; the common name only tells people
+	// which certificate it is, and cert-manager refuses one longer than
+	// X.509's 64 characters (a client/<ShardMap> of a long name).
+	if cn := "shardkv " + l.Identity.String(); len(cn) <= maxCommonName {
+		spec["commonName"] = cn
 	}
 	if len(l.Hosts) > 0 {
 		hosts := make([]any, len(l.Hosts))
@@ -349,6 +358,10 @@ func desiredCertificate(sm *shardkvv1.ShardMap, l tlsLeaf, lifetime time.Duratio
 	return u
 }
 
+// maxCommonName is X.509's upper bound of a common name (RFC 5280
+// ub-common-name), which cert-manager's webhook enforces.
+const maxCommonName = 64
+
 // planCertManager is mode CertManager's one next change: a Certificate to
 // create or update; else what waits for cert-manager.
 func planCertManager(o *tlsObserved, sm *shardkvv1.ShardMap) (tlsStep, string) {
@@ -359,7 +372,7 @@ func planCertManager(o *tlsObserved, sm *shardkvv1.ShardMap) (tlsStep, string) {
 	if len(o.Conflicts) > 0 {
 		return tlsStep{}, fmt.Sprintf("objects %v exist and are not this cluster's: rename or delete them", o.Conflicts)
 	}
-	var waits []string
+	var waits, unissued []string
 	for _, l := range o.Want {
 		want := desiredCertificate(sm, l, o.Lifetime, cm.Issuer)
 		have := cm.Certs[l.Secret]
@@ -371,9 +384,14 @@ func planCertManager(o *tlsObserved, sm *shardkvv1.ShardMap) (tlsStep, string) {
 		}
 		if o.Leaves[l.Secret] == nil {
 			waits = append(waits, fmt.Sprintf("Secret %s (Certificate %s: %s)", l.Secret, l.Secret, certificateReadiness(have)))
+			unissued = append(unissued, l.Secret)
 		}
 	}
-	if len(waits) > 0 {
+	switch {
+	case len(waits) > 0 && cm.IssuerProblem != "":
+		// The cause, not each Certificate's "Issuing" state.
+		return tlsStep{}, fmt.Sprintf("waiting for cert-manager to issue Secrets %s: %s", strings.Join(unissued, ", "), cm.IssuerProblem)
+	case len(waits) > 0:
 		return tlsStep{}, "waiting for cert-manager to issue " + strings.Join(waits, "; ")
 	}
 	return tlsStep{}, ""
