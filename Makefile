@@ -35,11 +35,16 @@ run: build
 ## come from hack/setup-envtest.sh (built once, cached), whose last output
 ## line is their directory (KUBEBUILDER_ASSETS); its kubectl renders
 ## config/namespaced for the RBAC tests (and is the local cluster's too).
+## The tests of spec.tls.mode CertManager run cert-manager's controller and
+## CRDs, from hack/build-cert-manager.sh the same way
+## (SHARDKV_CERT_MANAGER_DIR).
 test:
 	@out="$$(hack/setup-envtest.sh --with-kubectl)" || { echo "test: hack/setup-envtest.sh failed" >&2; exit 1; }; \
 	assets="$$(printf '%s\n' "$$out" | tail -n 1)"; \
-	echo "KUBEBUILDER_ASSETS=$$assets $(GO) test -race -count=1 -timeout 30m ./..."; \
-	KUBEBUILDER_ASSETS="$$assets" SHARDKV_REQUIRE_ENVTEST=1 $(GO) test -race -count=1 -timeout 30m ./...
+	out="$$(hack/build-cert-manager.sh)" || { echo "test: hack/build-cert-manager.sh failed" >&2; exit 1; }; \
+	certmanager="$$(printf '%s\n' "$$out" | tail -n 1)"; \
+	echo "KUBEBUILDER_ASSETS=$$assets SHARDKV_CERT_MANAGER_DIR=$$certmanager $(GO) test -race -count=1 -timeout 30m ./..."; \
+	KUBEBUILDER_ASSETS="$$assets" SHARDKV_CERT_MANAGER_DIR="$$certmanager" SHARDKV_REQUIRE_ENVTEST=1 $(GO) test -race -count=1 -timeout 30m ./...
 	@# Tests built only without the race detector (//go:build !race: 8 MiB
 	@# values, and power cuts of badger in child processes, take minutes
 	@# under it).
