@@ -16,6 +16,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -48,6 +49,12 @@ type smObserved struct {
 	WantPDB *policyv1.PodDisruptionBudget
 	// Pods are the controller pods by ordinal (Revision: stsRevisionLabel).
 	Pods map[int]*podView
+	// NetPols are the cluster's NetworkPolicies this ShardMap owns, by
+	// name; NetPolConflicts the names taken by policies it does not own;
+	// WantNetPols those spec.network asks for (shardmap_netpol.go).
+	NetPols         map[string]*networkingv1.NetworkPolicy
+	NetPolConflicts []string
+	WantNetPols     map[string]*networkingv1.NetworkPolicy
 
 	// Cluster is the controller's view (nil: not reached; ClusterErr says
 	// why). Prev is the config before the latest, fetched only while some
@@ -108,6 +115,8 @@ type smStep struct {
 	Shard int
 	GID   uint64
 	Group string
+	// NetworkPolicy steps: the policy's name.
+	Object string
 }
 
 func (s smStep) String() string {
@@ -120,6 +129,8 @@ func (s smStep) String() string {
 		return fmt.Sprintf("%s(%d,%d)", s.Kind, s.Shard, s.GID)
 	case smStepUnpin:
 		return fmt.Sprintf("%s(%d)", s.Kind, s.Shard)
+	case smStepCreateNetPol, smStepUpdateNetPol, smStepDeleteNetPol:
+		return fmt.Sprintf("%s(%s)", s.Kind, s.Object)
 	}
 	return string(s.Kind)
 }
@@ -155,9 +166,10 @@ func (pl *smPlan) degraded(reason, format string, args ...any) {
 	pl.Degraded = smCondition{metav1.ConditionTrue, reason, fmt.Sprintf(format, args...)}
 }
 
-// planShardMap is the planner. Its order: the controller group's objects
-// (StatefulSet, Service, PodDisruptionBudget), then rolling its pods, then
-// spec.moves; the first change found is the step.
+// planShardMap is the planner. Its order: the cluster's NetworkPolicies,
+// the controller group's objects (StatefulSet, Service,
+// PodDisruptionBudget), then rolling its pods, then spec.moves; the first
+// change found is the step.
 func planShardMap(o *smObserved) smPlan {
 	var pl smPlan
 	name := CtrlerName(o.Name)
@@ -174,6 +186,10 @@ func planShardMap(o *smObserved) smPlan {
 		return pl
 	}
 	if !o.StsConflict {
+		if st, ok := planNetworkPolicies(o, &pl); ok {
+			pl.Step = st
+			return pl
+		}
 		if kind := planObjects(o, &pl); kind != smStepNone {
 			pl.Step = smStep{Kind: kind}
 			return pl

@@ -42,6 +42,11 @@ type ShardMapSpec struct {
 	// +optional
 	Migration MigrationSpec `json:"migration,omitempty"`
 
+	// Network is who may reach the cluster's pods (NetworkPolicies).
+	// +kubebuilder:default={}
+	// +optional
+	Network NetworkSpec `json:"network,omitempty"`
+
 	// Paused stops the operator from changing anything of this cluster
 	// (its ReplicaGroups included); status is still updated.
 	// +optional
