@@ -97,6 +97,9 @@ func (r *ShardMapReconciler) execute(ctx context.Context, sm *shardkvv1.ShardMap
 
 	case smStepCreateNetPol, smStepUpdateNetPol, smStepDeleteNetPol:
 		return r.executeNetworkPolicy(ctx, sm, o, st)
+
+	case smStepCtrlerAddLearner, smStepCtrlerPromote, smStepCtrlerRemoveMember:
+		return r.executeCtrlerMember(ctx, sm, o, st), nil
 	}
 	return smOutcome{}, fmt.Errorf("unknown step %s", st)
 }

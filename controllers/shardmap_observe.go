@@ -90,6 +90,7 @@ func (r *ShardMapReconciler) observe(ctx context.Context, sm *shardkvv1.ShardMap
 	}
 
 	api := r.observeController(ctx, sm, o, pods.Items)
+	r.observeCtrlerMembers(ctx, sm, o, pods.Items)
 	return o, api, nil
 }
 

@@ -55,6 +55,11 @@ type smObserved struct {
 	NetPols         map[string]*networkingv1.NetworkPolicy
 	NetPolConflicts []string
 	WantNetPols     map[string]*networkingv1.NetworkPolicy
+	// CtrlerPods is the replica each ready controller pod runs, by
+	// ordinal, once the controller answered (shardmap_members.go);
+	// ctrlerPodObjs the pods.
+	CtrlerPods    map[int]*shardkvpb.MemberStatus
+	ctrlerPodObjs map[int]*corev1.Pod
 
 	// Cluster is the controller's view (nil: not reached; ClusterErr says
 	// why). Prev is the config before the latest, fetched only while some
@@ -115,8 +120,12 @@ type smStep struct {
 	Shard int
 	GID   uint64
 	Group string
-	// NetworkPolicy steps: the policy's name.
+	// NetworkPolicy steps: the policy's name. Controller membership
+	// steps: what the step does, in words.
 	Object string
+	// Controller membership steps: the replica id added, promoted or
+	// removed (Ordinal: the pod).
+	Member uint64
 }
 
 func (s smStep) String() string {
@@ -131,6 +140,8 @@ func (s smStep) String() string {
 		return fmt.Sprintf("%s(%d)", s.Kind, s.Shard)
 	case smStepCreateNetPol, smStepUpdateNetPol, smStepDeleteNetPol:
 		return fmt.Sprintf("%s(%s)", s.Kind, s.Object)
+	case smStepCtrlerAddLearner, smStepCtrlerPromote, smStepCtrlerRemoveMember:
+		return fmt.Sprintf("%s(%d)", s.Kind, s.Member)
 	}
 	return string(s.Kind)
 }
@@ -192,6 +203,12 @@ func planShardMap(o *smObserved) smPlan {
 		}
 		if kind := planObjects(o, &pl); kind != smStepNone {
 			pl.Step = smStep{Kind: kind}
+			return pl
+		}
+	}
+	if o.Cluster != nil {
+		if st, ok := planCtrlerMembers(o, &pl); ok {
+			pl.Step = st
 			return pl
 		}
 	}
