@@ -117,7 +117,23 @@ func (r *ReplicaGroupReconciler) execute(ctx context.Context, rg *shardkvv1.Repl
 		return false, ctrl.Result{}, nil
 
 	case stepRestartPod:
-		return false, ctrl.Result{}, r.deletePod(ctx, rg, o.pod(st.Ordinal))
+		// Checked against the API server, not the cache: right after a
+		// restart the cache may still show the pod as it was (not yet
+		// terminating), and deleting it again would be a second
+		// RestartPod for one restart (an e2e RollingUpdate saw 4 for a
+		// group of 3).
+		p := o.pod(st.Ordinal)
+		fresh := &corev1.Pod{}
+		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: rg.Namespace, Name: p.Name}, fresh); err != nil {
+			if apierrors.IsNotFound(err) {
+				return false, ctrl.Result{}, errStale
+			}
+			return false, ctrl.Result{}, err
+		}
+		if fresh.UID != p.UID || !fresh.DeletionTimestamp.IsZero() {
+			return false, ctrl.Result{}, errStale
+		}
+		return false, ctrl.Result{}, r.deletePod(ctx, rg, p)
 
 	case stepRecreateReplica:
 		// Checked against the API server, not the cache: a pod that is

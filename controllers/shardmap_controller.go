@@ -25,6 +25,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -105,6 +106,10 @@ type ShardMapReconciler struct {
 	// TLSPropagation is how long a CA rotation lets each change reach the
 	// pods (default DefaultTLSPropagation).
 	TLSPropagation time.Duration
+	// OperatorNamespace is the namespace of the operator's pods, which
+	// the cluster's NetworkPolicies admit (default: the namespace the
+	// operator runs in; none outside a cluster).
+	OperatorNamespace string
 
 	// now is the clock of the migrations' rate estimates (nil: time.Now).
 	now func() time.Time
@@ -184,6 +189,7 @@ func (r *ShardMapReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			}
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: l[LabelInstance]}}}
 		})).
+		Owns(&networkingv1.NetworkPolicy{}).
 		// Controller pods belong to the StatefulSet; map them by label
 		// (readiness, IPs in DialPodIPs mode, rolling).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
@@ -270,6 +276,9 @@ func (r *ShardMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		r.estimateRates(req.NamespacedName, sm.Status.Migrations)
 	}
 	r.migrationWaitEvents(sm, orig, waits)
+	if out.Degraded.Reason != "" && pl.Degraded.Reason == "" {
+		pl.Degraded = out.Degraded
+	}
 	progress := r.setConditions(sm, o, pl, out.Progress)
 	res := ctrl.Result{RequeueAfter: r.idleResync()}
 	if !settled || o.Cluster == nil || progress.Status == metav1.ConditionTrue {

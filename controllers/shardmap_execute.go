@@ -18,9 +18,13 @@ import (
 type smOutcome struct {
 	// Progress is the Progressing condition of the step, taken or failed.
 	Progress smCondition
-	// Err is a failed data-plane step: returned after the status is
-	// written, so retries back off (the queue's rate limiter).
+	// Err is a failed data-plane step (or NetworkPolicy write): returned
+	// after the status is written, so retries back off (the queue's rate
+	// limiter).
 	Err error
+	// Degraded is set when the step failed in a way the Degraded
+	// condition tells (a NetworkPolicy the API server refused).
+	Degraded smCondition
 }
 
 func objectsUpdated(format string, args ...any) smOutcome {
@@ -94,6 +98,12 @@ func (r *ShardMapReconciler) execute(ctx context.Context, sm *shardkvv1.ShardMap
 
 	case smStepMove, smStepUnpin:
 		return r.applyMove(ctx, sm, o, api, st), nil
+
+	case smStepCreateNetPol, smStepUpdateNetPol, smStepDeleteNetPol:
+		return r.executeNetworkPolicy(ctx, sm, o, st)
+
+	case smStepCtrlerAddLearner, smStepCtrlerPromote, smStepCtrlerRemoveMember:
+		return r.executeCtrlerMember(ctx, sm, o, st), nil
 	}
 	return smOutcome{}, fmt.Errorf("unknown step %s", st)
 }

@@ -62,6 +62,9 @@ func (r *ShardMapReconciler) observe(ctx context.Context, sm *shardkvv1.ShardMap
 	o.WantSts = r.desiredCtrlerSts(sm, o.Bootstrap)
 	o.WantSvc = desiredCtrlerService(sm)
 	o.WantPDB = desiredCtrlerPDB(sm, o.Bootstrap)
+	if err := r.observeNetworkPolicies(ctx, sm, o); err != nil {
+		return nil, nil, err
+	}
 
 	var pods corev1.PodList
 	if err := r.List(ctx, &pods, client.InNamespace(sm.Namespace), client.MatchingLabels(ctrlerSelectorLabels(sm))); err != nil {
@@ -91,6 +94,7 @@ func (r *ShardMapReconciler) observe(ctx context.Context, sm *shardkvv1.ShardMap
 	}
 	api := r.observeController(ctx, sm, o, pods.Items)
 	o.Users = r.observeUsers(ctx, sm, api)
+	r.observeCtrlerMembers(ctx, sm, o, pods.Items)
 	return o, api, nil
 }
 

@@ -16,6 +16,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -48,6 +49,17 @@ type smObserved struct {
 	WantPDB *policyv1.PodDisruptionBudget
 	// Pods are the controller pods by ordinal (Revision: stsRevisionLabel).
 	Pods map[int]*podView
+	// NetPols are the cluster's NetworkPolicies this ShardMap owns, by
+	// name; NetPolConflicts the names taken by policies it does not own;
+	// WantNetPols those spec.network asks for (shardmap_netpol.go).
+	NetPols         map[string]*networkingv1.NetworkPolicy
+	NetPolConflicts []string
+	WantNetPols     map[string]*networkingv1.NetworkPolicy
+	// CtrlerPods is the replica each ready controller pod runs, by
+	// ordinal, once the controller answered (shardmap_members.go);
+	// ctrlerPodObjs the pods.
+	CtrlerPods    map[int]*shardkvpb.MemberStatus
+	ctrlerPodObjs map[int]*corev1.Pod
 
 	// Cluster is the controller's view (nil: not reached; ClusterErr says
 	// why). Prev is the config before the latest, fetched only while some
@@ -117,6 +129,12 @@ type smStep struct {
 	Group string
 	// TLS: the certificate change.
 	TLS tlsStep
+	// NetworkPolicy steps: the policy's name. Controller membership
+	// steps: what the step does, in words.
+	Object string
+	// Controller membership steps: the replica id added, promoted or
+	// removed (Ordinal: the pod).
+	Member uint64
 }
 
 func (s smStep) String() string {
@@ -134,6 +152,10 @@ func (s smStep) String() string {
 			return fmt.Sprintf("%s(%s)", s.TLS.Kind, s.TLS.Leaf.Secret)
 		}
 		return string(s.TLS.Kind)
+	case smStepCreateNetPol, smStepUpdateNetPol, smStepDeleteNetPol:
+		return fmt.Sprintf("%s(%s)", s.Kind, s.Object)
+	case smStepCtrlerAddLearner, smStepCtrlerPromote, smStepCtrlerRemoveMember:
+		return fmt.Sprintf("%s(%d)", s.Kind, s.Member)
 	}
 	return string(s.Kind)
 }
@@ -169,9 +191,10 @@ func (pl *smPlan) degraded(reason, format string, args ...any) {
 	pl.Degraded = smCondition{metav1.ConditionTrue, reason, fmt.Sprintf(format, args...)}
 }
 
-// planShardMap is the planner. Its order: the controller group's objects
-// (StatefulSet, Service, PodDisruptionBudget), then rolling its pods, then
-// spec.moves; the first change found is the step.
+// planShardMap is the planner. Its order: the cluster's NetworkPolicies,
+// the controller group's objects (StatefulSet, Service,
+// PodDisruptionBudget), then rolling its pods, then spec.moves; the first
+// change found is the step.
 func planShardMap(o *smObserved) smPlan {
 	var pl smPlan
 	name := CtrlerName(o.Name)
@@ -199,8 +222,18 @@ func planShardMap(o *smObserved) smPlan {
 		}
 	}
 	if !o.StsConflict {
+		if st, ok := planNetworkPolicies(o, &pl); ok {
+			pl.Step = st
+			return pl
+		}
 		if kind := planObjects(o, &pl); kind != smStepNone {
 			pl.Step = smStep{Kind: kind}
+			return pl
+		}
+	}
+	if o.Cluster != nil {
+		if st, ok := planCtrlerMembers(o, &pl); ok {
+			pl.Step = st
 			return pl
 		}
 	}

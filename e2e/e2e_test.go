@@ -57,6 +57,8 @@ func TestE2E(t *testing.T) {
 		e.startWorkloads(t, sm, []string{"demo-a", "demo-b", "demo-c"})
 	})
 
+	run("NetworkPolicies", func(t *testing.T) { e.networkPolicies(t) })
+
 	run("ScaleGroup", func(t *testing.T) {
 		t.Logf("before:\n%s", e.k(t, "get", "shardmaps,replicagroups", "-o", "wide"))
 		e.k(t, "scale", "replicagroup/demo-a", "--replicas=5")

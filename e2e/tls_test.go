@@ -52,6 +52,9 @@ spec:
   tls:
     mode: Managed
   users: {name: sec-users, key: acl}
+  network:
+    clients:
+    - podSelector: {}     # the workload pods of this namespace
 ---
 apiVersion: shardkv.io/v1alpha1
 kind: ReplicaGroup

@@ -69,8 +69,20 @@ func (e *env) workloadsProgress(t *testing.T) {
 
 func (e *env) startWorkload(t *testing.T, name, target string) {
 	t.Helper()
+	e.startWorkloadIn(t, e.ns, name, target, "--clients=6", "--keys=24", "--rate=10", "--op-timeout=20s")
+}
+
+// startWorkloadIn starts workload pod name in namespace ns with the
+// arguments of kvctl workload args (its target and load).
+func (e *env) startWorkloadIn(t *testing.T, ns, name string, args ...string) {
+	t.Helper()
+	// Each workload's keys are its own: a history starts from empty keys.
+	prefix := name
+	if ns != e.ns {
+		prefix = ns + "-" + name
+	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns, Labels: map[string]string{"app": "shardkv-e2e-workload"}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": "shardkv-e2e-workload"}},
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever,
 			SecurityContext: &corev1.PodSecurityContext{
@@ -81,9 +93,8 @@ func (e *env) startWorkload(t *testing.T, name, target string) {
 				Name:            "workload",
 				Image:           e.image,
 				ImagePullPolicy: corev1.PullIfNotPresent,
-				Command: []string{"/kvctl", "workload", target,
-					"--clients=6", "--keys=24", "--rate=10", "--op-timeout=20s", "--prefix=" + name,
-					"--listen=:" + workloadPort},
+				Command: append(append([]string{"/kvctl", "workload"}, args...),
+					"--prefix="+prefix, "--listen=:"+workloadPort),
 				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8090}},
 				SecurityContext: &corev1.SecurityContext{
 					AllowPrivilegeEscalation: ptr.To(false),
@@ -110,13 +121,23 @@ func (e *env) waitWorkload(t *testing.T, name string) {
 
 func (e *env) workloadGet(t *testing.T, name, path string) ([]byte, error) {
 	t.Helper()
-	return e.cs.CoreV1().Pods(e.ns).ProxyGet("http", name, workloadPort, path, nil).DoRaw(ctx(t))
+	return e.workloadGetIn(t, e.ns, name, path)
+}
+
+func (e *env) workloadGetIn(t *testing.T, ns, name, path string) ([]byte, error) {
+	t.Helper()
+	return e.cs.CoreV1().Pods(ns).ProxyGet("http", name, workloadPort, path, nil).DoRaw(ctx(t))
 }
 
 func (e *env) workloadStatus(t *testing.T, name string) (workloadStatus, error) {
 	t.Helper()
+	return e.workloadStatusIn(t, e.ns, name)
+}
+
+func (e *env) workloadStatusIn(t *testing.T, ns, name string) (workloadStatus, error) {
+	t.Helper()
 	var st workloadStatus
-	b, err := e.workloadGet(t, name, "status")
+	b, err := e.workloadGetIn(t, ns, name, "status")
 	if err != nil {
 		return st, fmt.Errorf("workload status: %w", err)
 	}

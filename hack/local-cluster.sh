@@ -30,6 +30,13 @@
 # not write its volume: the hostpath-perms process opens each new volume
 # directory to everyone (0777), as kind's local-path provisioner does. It
 # is a shim for this throwaway single-node cluster only.
+#
+# NetworkPolicies are enforced by kube-network-policies (the Kubernetes
+# network SIG's enforcer, built by hack/build-k8s.sh), a host process with
+# its own identity: the first packet of each connection to or from a pod
+# that a policy selects goes through nfqueue to it, and it accepts or drops
+# it. Host processes running as root (the kubelet's probes, the apiserver's
+# proxy) are not subject to policies, as with upstream's deployment.
 set -euo pipefail
 shopt -s inherit_errexit
 
@@ -50,12 +57,15 @@ CNI_NET=shardkv-local
 ETCD_PORT=12379
 APISERVER_PORT=6443
 COREDNS_READY=127.0.0.1:18181
+# kube-network-policies' /metrics and /readyz (ready once its nftables
+# table, inet kube-network-policies, is in).
+NETPOL_ADDR=127.0.0.1:19080
 # CRI normalizes this short name; hack/build-images.sh builds it.
 PAUSE_IMAGE=shardkv-pause:1
 HOSTPATH_PV_DIR=/tmp/hostpath_pv
 
 # Start order; `down` stops them in reverse.
-COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager hostpath-perms kube-scheduler coredns kubelet kube-proxy)
+COMPONENTS=(containerd etcd kube-apiserver kube-controller-manager hostpath-perms kube-scheduler coredns kubelet kube-proxy kube-network-policies)
 
 PKI=$STATE/pki
 CONF=$STATE/config
@@ -227,7 +237,7 @@ ensure_packages() {
 # missing) and records it for `down`.
 build_binaries() {
   BIN=$("$REPO/hack/build-k8s.sh" etcd kube-apiserver kube-controller-manager kube-scheduler \
-    kubelet kube-proxy kubectl coredns crictl | tail -n 1)
+    kubelet kube-proxy kubectl coredns crictl kube-network-policies | tail -n 1)
   [ -x "$BIN/kubelet" ] || die "hack/build-k8s.sh gave no usable bin dir ($BIN)"
   mkdir -p "$STATE"
   echo "$BIN" >"$STATE/bin-dir"
@@ -237,6 +247,8 @@ build_binaries() {
 find_bin_dir() {
   BIN=""
   [ -f "$STATE/bin-dir" ] && BIN=$(<"$STATE/bin-dir")
+  # (kube-network-policies is not built for this: if it ever ran, its
+  # binary is in BIN, for `-cleanup`.)
   if [ -z "$BIN" ] || [ ! -x "$BIN/crictl" ] || [ ! -x "$BIN/kube-proxy" ] || [ ! -x "$BIN/kubectl" ]; then
     BIN=$("$REPO/hack/build-k8s.sh" crictl kube-proxy kubectl | tail -n 1)
   fi
@@ -342,6 +354,7 @@ gen_pki() {
   sign kube-scheduler "/CN=system:kube-scheduler" clientAuth
   sign kube-proxy "/CN=system:kube-proxy" clientAuth
   sign coredns "/CN=system:coredns" clientAuth
+  sign kube-network-policies "/CN=system:kube-network-policies" clientAuth
   sign kubelet "/O=system:nodes/CN=system:node:$NODE" clientAuth
   sign kubelet-serving "/CN=$NODE" serverAuth "DNS:$NODE, DNS:localhost, IP:$NODE_IP, IP:127.0.0.1"
   # ServiceAccount token signing key pair.
@@ -350,7 +363,7 @@ gen_pki() {
     openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
   fi
   local c
-  for c in kube-controller-manager kube-scheduler kube-proxy coredns kubelet; do
+  for c in kube-controller-manager kube-scheduler kube-proxy coredns kubelet kube-network-policies; do
     [ -s "$PKI/$c.kubeconfig" ] || kubeconfig "$PKI/$c.kubeconfig" "$c"
   done
   [ -s "$KUBECONFIG_ADMIN" ] || kubeconfig "$KUBECONFIG_ADMIN" admin
@@ -546,6 +559,35 @@ subjects:
   kind: User
   name: system:coredns
 ---
+# kube-network-policies: what upstream's install.yaml grants its DaemonSet.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: system:kube-network-policies
+rules:
+- apiGroups: [""]
+  resources: [pods, namespaces, nodes]
+  verbs: [list, watch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [list, watch]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch, update]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: system:kube-network-policies
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: system:kube-network-policies
+subjects:
+- apiGroup: rbac.authorization.k8s.io
+  kind: User
+  name: system:kube-network-policies
+---
 # The controller-manager's host-path provisioner (dirs under $HOSTPATH_PV_DIR).
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
@@ -687,6 +729,14 @@ start_kube_proxy() {
   wait_for kube-proxy 60 http_ok http://127.0.0.1:10256/healthz
 }
 
+start_network_policies() {
+  running kube-network-policies || start_proc kube-network-policies "$BIN/kube-network-policies" \
+    --kubeconfig "$PKI/kube-network-policies.kubeconfig" \
+    --hostname-override "$NODE" \
+    --metrics-bind-address "$NETPOL_ADDR"
+  wait_for kube-network-policies 60 http_ok "http://$NETPOL_ADDR/readyz"
+}
+
 wait_default_sa() {
   # Pods are rejected until the namespace's default ServiceAccount exists.
   wait_for kube-controller-manager 60 kubectl_ -n default get serviceaccount default
@@ -723,6 +773,7 @@ cmd_up() {
   step "CoreDNS ($NODE_IP:53)" start_coredns
   step "kubelet (node $NODE Ready)" start_kubelet
   step "kube-proxy" start_kube_proxy
+  step "kube-network-policies (NetworkPolicy enforcer)" start_network_policies
   step "default ServiceAccount" wait_default_sa
   log "cluster up in $(since "$t0"); logs in $LOGS/"
   echo "export KUBECONFIG=$KUBECONFIG_ADMIN"
@@ -825,6 +876,12 @@ wipe() {
   # kube-proxy's own clean-up (iptables, ipvs and nftables rules).
   if [ -x "${BIN:-}/kube-proxy" ]; then
     "$BIN/kube-proxy" --cleanup >>"$LOGS/kube-proxy.log" 2>&1 || true
+  fi
+  # The enforcer removes its nftables table when it stops; this removes it
+  # if it was killed.
+  if [ -x "${BIN:-}/kube-network-policies" ]; then
+    "$BIN/kube-network-policies" -cleanup >>"$LOGS/kube-network-policies.log" 2>&1 ||
+      log "WARNING: kube-network-policies -cleanup failed (log: $LOGS/kube-network-policies.log)"
   fi
   drop_chains iptables
   drop_chains ip6tables

@@ -59,6 +59,10 @@ type ShardMapSpec struct {
 	// them. Passwords are stored as SHA-256 hashes only.
 	// +optional
 	Users *corev1.SecretKeySelector `json:"users,omitempty"`
+	// Network is who may reach the cluster's pods (NetworkPolicies).
+	// +kubebuilder:default={}
+	// +optional
+	Network NetworkSpec `json:"network,omitempty"`
 
 	// Paused stops the operator from changing anything of this cluster
 	// (its ReplicaGroups included); status is still updated.
