@@ -22,13 +22,10 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -114,23 +111,16 @@ func installCertManagerCRDs(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	crds := opts.CRDs
-	scheme := runtime.NewScheme()
-	utilruntime.Must(apiextensionsv1.AddToScheme(scheme))
-	cl, err := client.New(testCfg, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if len(crds) < 4 {
 		t.Fatalf("%s/crds: %d CRDs, want Certificate, CertificateRequest, Issuer, ClusterIssuer", dir, len(crds))
 	}
 	var missing []string
 	for _, c := range crds {
-		have := c.DeepCopy()
-		switch err := cl.Get(ctx, client.ObjectKey{Name: c.Name}, have); {
+		have := &unstructured.Unstructured{}
+		have.SetAPIVersion("apiextensions.k8s.io/v1")
+		have.SetKind("CustomResourceDefinition")
+		switch err := k8sClient.Get(ctx, client.ObjectKey{Name: c.Name}, have); {
 		case apierrors.IsNotFound(err):
-			if err := cl.Create(ctx, c); client.IgnoreAlreadyExists(err) != nil {
-				t.Fatalf("create CRD %s: %v", c.Name, err)
-			}
 			missing = append(missing, c.Name)
 		case err != nil:
 			t.Fatal(err)
@@ -138,6 +128,10 @@ func installCertManagerCRDs(t *testing.T, dir string) {
 	}
 	if len(missing) == 0 {
 		return
+	}
+	// Creates the missing ones (and sets any other to the same files).
+	if err := envtest.CreateCRDs(testCfg, crds); err != nil {
+		t.Fatalf("create cert-manager CRDs %v: %v", missing, err)
 	}
 	if err := envtest.WaitForCRDs(testCfg, crds, envtest.CRDInstallOptions{MaxTime: waitTimeout, PollInterval: pollEvery}); err != nil {
 		t.Fatalf("cert-manager CRDs %v not served: %v", missing, err)
