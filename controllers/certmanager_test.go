@@ -25,11 +25,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -222,11 +220,7 @@ func startOperatorForCertManager(t *testing.T, ns string) {
 	if err := bindOperator(context.Background(), ns, "manager-role"); err != nil {
 		t.Fatal(err)
 	}
-	newOperatorManager(t, ns, func(o *ctrl.Options) {
-		o.Cache.ByObject = map[client.Object]cache.ByObject{
-			&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy})},
-		}
-	}, setupShardMap(newFakeDataPlane()))
+	newOperatorManager(t, ns, func(o *ctrl.Options) { o.Cache.ByObject = CacheByObject() }, setupShardMap(newFakeDataPlane()))
 }
 
 func certManagerShardMap(ns, name, issuer string) *shardkvv1.ShardMap {

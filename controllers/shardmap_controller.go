@@ -212,6 +212,14 @@ func (r *ShardMapReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
+// clock is r.now, or the wall clock.
+func (r *ShardMapReconciler) clock() time.Time {
+	if r.now != nil {
+		return r.now()
+	}
+	return time.Now()
+}
+
 func (r *ShardMapReconciler) busyResync() time.Duration {
 	return orDefault(r.BusyResync, 3*time.Second)
 }

@@ -60,10 +60,7 @@ func estimateMigrationRates(prev map[string]rateSample, ms []shardkvv1.Migration
 // estimateRates fills the rates and times left of ShardMap key's
 // migrations, remembering this pass's samples.
 func (r *ShardMapReconciler) estimateRates(key types.NamespacedName, ms []shardkvv1.Migration) {
-	now := time.Now()
-	if r.now != nil {
-		now = r.now()
-	}
+	now := r.clock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.rates == nil {

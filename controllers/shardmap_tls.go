@@ -33,13 +33,6 @@ func tlsLabels(sm string) map[string]string {
 	return map[string]string{LabelName: "shardkv", LabelInstance: sm, LabelManagedBy: ManagedBy}
 }
 
-func (r *ShardMapReconciler) clock() time.Time {
-	if r.now != nil {
-		return r.now()
-	}
-	return time.Now()
-}
-
 func (r *ShardMapReconciler) tlsPropagation() time.Duration {
 	return orDefault(r.TLSPropagation, DefaultTLSPropagation)
 }

@@ -12,10 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
 	"github.com/shardkv/shardkv/pkg/mtls"
@@ -346,11 +343,7 @@ func TestShardMapTLSSecretConflict(t *testing.T) {
 	if err := bindOperator(context.Background(), ns, "manager-role"); err != nil {
 		t.Fatal(err)
 	}
-	newOperatorManager(t, ns, func(o *ctrl.Options) {
-		o.Cache.ByObject = map[client.Object]cache.ByObject{
-			&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy})},
-		}
-	}, setupShardMap(newFakeDataPlane()))
+	newOperatorManager(t, ns, func(o *ctrl.Options) { o.Cache.ByObject = CacheByObject() }, setupShardMap(newFakeDataPlane()))
 	theirs := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ClientTLSSecretName("sec")}, StringData: map[string]string{"x": "theirs"}}
 	mustCreate(t, theirs)
 	mustCreate(t, tlsShardMap(ns, "sec"))

@@ -10,14 +10,11 @@ import (
 	"strings"
 
 	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -104,14 +101,8 @@ func run(args []string) int {
 	utilruntime.Must(shardkvv1.AddToScheme(scheme))
 
 	cacheOpts := cache.Options{
-		// Only the operator's own pods are cached, not every pod of the
-		// cluster.
-		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}: {Label: labels.SelectorFromSet(labels.Set{controllers.LabelManagedBy: controllers.ManagedBy})},
-			// And only its own Secrets (the clusters' certificates); the
-			// Secret spec.users names is read from the API server.
-			&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{controllers.LabelManagedBy: controllers.ManagedBy})},
-		},
+		// Only the operator's own pods and Secrets are cached.
+		ByObject: controllers.CacheByObject(),
 	}
 	if *watchNS != "" {
 		// Every informer (ShardMaps, ReplicaGroups, StatefulSets, Services,
