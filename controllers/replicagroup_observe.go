@@ -41,6 +41,9 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 		Pods:               map[int]*podView{},
 		LeaderOrdinal:      -1,
 	}
+	if sm != nil {
+		o.RESPPorts = respPorts(sm)
+	}
 	if sts != nil {
 		o.StsReplicas = 1
 		if sts.Spec.Replicas != nil {

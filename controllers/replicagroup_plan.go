@@ -163,8 +163,11 @@ type observed struct {
 	// ShardMapGone: the ShardMap is missing or being deleted.
 	ShardMapGone bool
 
-	GroupID   uint64
-	Phase     string
+	GroupID uint64
+	Phase   string
+	// RESPPorts are the Redis ports the pods serve (respPorts): the
+	// servers' addresses in the controller's config name those only.
+	RESPPorts []string
 	Desired   int32 // spec.replicas
 	Bootstrap int32 // replicas the group was bootstrapped with
 	Weight    uint32
@@ -329,9 +332,17 @@ func (o *observed) servers() []*shardkvpb.Server {
 			continue
 		}
 		dns := PodDNS(o.Name, m.Ordinal, o.Namespace)
-		out = append(out, &shardkvpb.Server{Id: m.ID,
-			Addr:     fmt.Sprintf("%s:%d", dns, GRPCPort),
-			RespAddr: fmt.Sprintf("%s:%d", dns, RESPPort)})
+		sv := &shardkvpb.Server{Id: m.ID, Addr: fmt.Sprintf("%s:%d", dns, GRPCPort)}
+		// Redis clients are shown, in CLUSTER SLOTS and redirects, the
+		// address of the port they came in on: a port the pods do not
+		// serve must not be named, and a TLS port must be.
+		if slices.Contains(o.RESPPorts, "resp") {
+			sv.RespAddr = fmt.Sprintf("%s:%d", dns, RESPPort)
+		}
+		if slices.Contains(o.RESPPorts, "resp-tls") {
+			sv.RespTlsAddr = fmt.Sprintf("%s:%d", dns, RESPTLSPort)
+		}
+		out = append(out, sv)
 	}
 	slices.SortFunc(out, func(a, b *shardkvpb.Server) int { return cmpU64(a.Id, b.Id) })
 	return out
@@ -366,7 +377,7 @@ func sameServers(a, b []*shardkvpb.Server) bool {
 	slices.SortFunc(a, byID)
 	slices.SortFunc(b, byID)
 	for i := range a {
-		if a[i].Id != b[i].Id || a[i].Addr != b[i].Addr || a[i].RespAddr != b[i].RespAddr {
+		if a[i].Id != b[i].Id || a[i].Addr != b[i].Addr || a[i].RespAddr != b[i].RespAddr || a[i].RespTlsAddr != b[i].RespTlsAddr {
 			return false
 		}
 	}

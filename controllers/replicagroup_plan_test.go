@@ -4,6 +4,7 @@ package controllers
 // replicagroup_plansim_test.go, checked step by step.
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -435,5 +436,42 @@ func TestPlanForeignMemberLeftAlone(t *testing.T) {
 	w.members = append(w.members, memberView{ID: 50, Ordinal: -1, Learner: true, Match: w.commit})
 	if st := nextStep(w.observe()); st.Kind != stepIdle {
 		t.Fatalf("step %s, want Idle", st)
+	}
+}
+
+// The servers in the controller's config name the Redis ports the pods
+// serve, and only those: a TLS-only group's CLUSTER SLOTS over TLS must
+// list its replicas, and must not send plain clients to a closed port.
+func TestPlanServersNameServedRedisPorts(t *testing.T) {
+	for _, tc := range []struct {
+		ports         []string
+		plain, secure bool
+	}{
+		{[]string{"resp"}, true, false},
+		{[]string{"resp-tls"}, false, true},
+		{[]string{"resp", "resp-tls"}, true, true},
+	} {
+		w := newSimGroup(t, 3, 9)
+		o := w.observe()
+		o.RESPPorts = tc.ports
+		servers := o.servers()
+		if len(servers) != 3 {
+			t.Fatalf("%v: %d servers, want 3", tc.ports, len(servers))
+		}
+		for _, sv := range servers {
+			if (sv.RespAddr != "") != tc.plain || (sv.RespTlsAddr != "") != tc.secure {
+				t.Errorf("ports %v: server %d has resp %q, resp tls %q", tc.ports, sv.Id, sv.RespAddr, sv.RespTlsAddr)
+			}
+			if tc.secure && !strings.HasSuffix(sv.RespTlsAddr, fmt.Sprintf(":%d", RESPTLSPort)) {
+				t.Errorf("server %d: resp tls %q, want port %d", sv.Id, sv.RespTlsAddr, RESPTLSPort)
+			}
+		}
+		// A config written before (plain addresses only) is brought up
+		// to date.
+		if tc.secure {
+			if st := nextStep(o); st.Kind != stepJoin || st.Reason != reasonUpdateServers {
+				t.Errorf("ports %v: step %s, want Join (update) of the TLS addresses", tc.ports, st)
+			}
+		}
 	}
 }

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -95,6 +96,38 @@ spec:
 	e.waitWorkload(t, tlsGo)
 	e.waitWorkload(t, tlsRedis)
 
+	// The controller's config names each replica's Redis-over-TLS address
+	// and no plain one (the pods serve none): CLUSTER SLOTS and redirects
+	// on the TLS port send clients to every replica, not only to the seed.
+	e.eventually(t, time.Minute, "the config names the TLS Redis addresses", func() (bool, string) {
+		out, err := e.kubectlErr("-n", e.ns, "exec", tlsGo, "--", "/kvctl", "--tls-dir="+tlsMountPath,
+			"--ctrler="+e.ctrlerAddrs(tlsSM, 1), "--json", "query")
+		if err != nil {
+			return false, err.Error()
+		}
+		var cfg struct {
+			Groups []struct {
+				Servers []struct {
+					ID          uint64 `json:"id"`
+					RespAddr    string `json:"resp_addr"`
+					RespTLSAddr string `json:"resp_tls_addr"`
+				} `json:"servers"`
+			} `json:"groups"`
+		}
+		if err := json.Unmarshal([]byte(out), &cfg); err != nil {
+			return false, err.Error() + ": " + out
+		}
+		if len(cfg.Groups) != 1 || len(cfg.Groups[0].Servers) != 3 {
+			return false, out
+		}
+		for _, sv := range cfg.Groups[0].Servers {
+			if sv.RespAddr != "" || !strings.HasSuffix(sv.RespTLSAddr, fmt.Sprintf(":%d", controllers.RESPTLSPort)) {
+				return false, fmt.Sprintf("server %d: resp %q, resp tls %q", sv.ID, sv.RespAddr, sv.RespTLSAddr)
+			}
+		}
+		return true, ""
+	})
+
 	// The same user outside its key pattern is refused: the workload
 	// stops at its first read with NOPERM.
 	e.startClientPod(t, tlsDenied, controllers.ClientTLSSecretName(tlsSM), "--redis="+seed, "--redis-user=app", "--redis-password=app-pass")
@@ -153,6 +186,7 @@ spec:
 		t.Logf("%s during the rotation: %d ok, %d failed", n, st.OK-before[n].OK, failed)
 		if failed != 0 {
 			t.Errorf("%s: %d operations failed during the CA rotation (last: %s)", n, failed, st.LastErr)
+			t.Logf("--- %s: its log\n%s", n, tail(e.workloadLog(t, n), 4000))
 		}
 	}
 	if t.Failed() {

@@ -440,7 +440,11 @@ func servedIssuer(t *testing.T, addr string, as mtls.Files) string {
 // operations are allowed.
 func TestTLSRotationUnderLoad(t *testing.T) {
 	needProcesses(t)
-	c := startTLSLocal(t, 9, "--groups=2", "--replicas=3", "--ctrler-replicas=3", "--spare-groups=0", "--shards=16")
+	c := startTLSLocal(t, 9, "--groups=2", "--replicas=3", "--ctrler-replicas=3", "--spare-groups=0", "--shards=16", "--resp")
+	var seeds []string
+	for _, addrs := range c.respAddrs() {
+		seeds = append(seeds, addrs...)
+	}
 	clientFiles := c.files(t, "client/app", mtls.Request{})
 	clientSrc, err := mtls.Load(clientFiles, nil)
 	if err != nil {
@@ -454,6 +458,8 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 		res *kvcheck.Result
 		err error
 	}
+	// The Go client over mutual TLS, and a Redis Cluster client over TLS
+	// with the same certificate, each on keys of its own.
 	done := make(chan outcome, 1)
 	go func() {
 		res, err := workload.Run(ctx, workload.Config{Ctrler: c.ctrl, Dial: grpcdial.OptionsWith(clientSrc.ClientCredentials(mtls.AnyNode)),
@@ -461,6 +467,21 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 			workload.RunOptions{Check: true, CheckTimeout: 3 * time.Minute}, logs)
 		done <- outcome{res, err}
 	}()
+	redisLogs := newLineBuf()
+	rw, err := workload.New(workload.Config{Redis: seeds, RedisTLS: clientSrc.ClientConfig(mtls.AnyGroup),
+		Clients: 4, Keys: 8, Prefix: "rotate-redis", OpTimeout: 20 * time.Second, Rate: 25}, redisLogs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rw.Close()
+	rw.Start()
+	select {
+	case <-rw.Running():
+	case err := <-rw.Failed():
+		t.Fatalf("Redis workload: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("Redis workload did not start\n%s", redisLogs.String())
+	}
 	time.Sleep(3 * time.Second)
 
 	const reloaded = 7 * time.Second // the processes re-read their files every 5s
@@ -508,6 +529,14 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 		}
 	}
 
+	// Redis commands carry no request id: one in flight when its replica
+	// is killed below ends with an unknown outcome, by design. Until then
+	// not one may fail.
+	if st := rw.Status(); st.Unknown != 0 || st.FailedGets != 0 || st.OK < 200 {
+		t.Errorf("Redis over TLS during the rotation: %d ok, %d unknown, %d failed gets (last error: %s)\n%s",
+			st.OK, st.Unknown, st.FailedGets, st.LastError, tail(redisLogs.String(), 3000))
+	}
+
 	// Fresh connections everywhere a restarted process talks: its peers,
 	// the controller, the clients.
 	newDial := grpcdial.OptionsWith(newSrc.ClientCredentials(mtls.AnyNode))
@@ -542,6 +571,14 @@ func TestTLSRotationUnderLoad(t *testing.T) {
 	r := o.res
 	t.Logf("workload: %d ok, %d outcome unknown, %d failed reads; linearizable %v", r.OK, r.Unknown, r.FailedGets, r.Linearizable)
 	if !r.Linearizable || r.Unknown != 0 || r.FailedGets != 0 || r.OK < 200 {
-		t.Fatalf("rotation under load: %s\n%s", r, tail(logs.String(), 3000))
+		t.Errorf("rotation under load: %s\n%s", r, tail(logs.String(), 3000))
+	}
+	res, err := kvcheck.Check(rw.Stop().Ops, 3*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Redis workload: %s", res)
+	if !res.Linearizable {
+		t.Errorf("Redis over TLS: the history is not linearizable: %s", res)
 	}
 }
