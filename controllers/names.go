@@ -36,12 +36,18 @@ func PodDNS(set string, ordinal int, namespace string) string {
 	return fmt.Sprintf("%s-%d.%s.%s.svc", set, ordinal, set, namespace)
 }
 
+// podGRPCAddr is the gRPC address pod <set>-<ordinal> advertises (its
+// --advertise): the one Raft memberships and the controller's config list.
+func podGRPCAddr(set string, ordinal int, namespace string) string {
+	return fmt.Sprintf("%s:%d", PodDNS(set, ordinal, namespace), GRPCPort)
+}
+
 // PeersFlag is --peers for the first n replicas of a StatefulSet: replica
 // ids 1..n at ordinals 0..n-1.
 func PeersFlag(set string, n int, namespace string) string {
 	parts := make([]string, n)
 	for i := range n {
-		parts[i] = fmt.Sprintf("%d=%s:%d", i+1, PodDNS(set, i, namespace), GRPCPort)
+		parts[i] = fmt.Sprintf("%d=%s", i+1, podGRPCAddr(set, i, namespace))
 	}
 	return strings.Join(parts, ",")
 }
@@ -51,7 +57,7 @@ func PeersFlag(set string, n int, namespace string) string {
 func CtrlerAddrs(sm string, n int, namespace string) []string {
 	out := make([]string, n)
 	for i := range n {
-		out[i] = fmt.Sprintf("%s:%d", PodDNS(CtrlerName(sm), i, namespace), GRPCPort)
+		out[i] = podGRPCAddr(CtrlerName(sm), i, namespace)
 	}
 	return out
 }

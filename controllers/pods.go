@@ -150,6 +150,19 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
+// podDialAddr is where the operator dials pod <set>-<ordinal> (p, nil if
+// not known): its advertised DNS name, or with dialPodIPs (an operator
+// outside the cluster network) its IP; "" when it has none yet.
+func podDialAddr(dialPodIPs bool, set string, ordinal int, namespace string, p *corev1.Pod) string {
+	if !dialPodIPs {
+		return podGRPCAddr(set, ordinal, namespace)
+	}
+	if p == nil || p.Status.PodIP == "" {
+		return ""
+	}
+	return net.JoinHostPort(p.Status.PodIP, strconv.Itoa(GRPCPort))
+}
+
 // ctrlerPodAddrs are the gRPC addresses, at the pods' IPs, of ShardMap
 // sm's controller pods among pods, by ordinal; pods without an IP or being
 // deleted are left out.
@@ -161,7 +174,7 @@ func ctrlerPodAddrs(sm string, pods []corev1.Pod) []string {
 	var ips []ip
 	for _, p := range pods {
 		if ord := podOrdinal(CtrlerName(sm), p.Name); ord >= 0 && p.Status.PodIP != "" && p.DeletionTimestamp.IsZero() {
-			ips = append(ips, ip{ord, net.JoinHostPort(p.Status.PodIP, strconv.Itoa(GRPCPort))})
+			ips = append(ips, ip{ord, podDialAddr(true, CtrlerName(sm), ord, "", &p)})
 		}
 	}
 	slices.SortFunc(ips, func(a, b ip) int { return a.ord - b.ord })

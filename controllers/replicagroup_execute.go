@@ -74,7 +74,7 @@ func (r *ReplicaGroupReconciler) execute(ctx context.Context, rg *shardkvv1.Repl
 		defer cancel()
 		switch st.Kind {
 		case stepAddLearner:
-			err = api.AddLearner(cctx, st.ID, fmt.Sprintf("%s:%d", PodDNS(rg.Name, st.Ordinal, rg.Namespace), GRPCPort))
+			err = api.AddLearner(cctx, st.ID, podGRPCAddr(rg.Name, st.Ordinal, rg.Namespace))
 		case stepPromote:
 			err = api.Promote(cctx, st.ID)
 		case stepRemoveMember:

@@ -8,9 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
-	"strconv"
 	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -186,13 +184,7 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 // replicaAddr is where the operator dials the replica at ordinal ("" if
 // it cannot yet: no pod IP).
 func (r *ReplicaGroupReconciler) replicaAddr(rg *shardkvv1.ReplicaGroup, ordinal int, p *corev1.Pod) string {
-	if r.DialPodIPs {
-		if p == nil || p.Status.PodIP == "" {
-			return ""
-		}
-		return net.JoinHostPort(p.Status.PodIP, strconv.Itoa(GRPCPort))
-	}
-	return fmt.Sprintf("%s:%d", PodDNS(rg.Name, ordinal, rg.Namespace), GRPCPort)
+	return podDialAddr(r.DialPodIPs, rg.Name, ordinal, rg.Namespace, p)
 }
 
 // ctrlerAddrs are the controller group's addresses, as DNS names or (with

@@ -332,7 +332,7 @@ func (o *observed) servers() []*shardkvpb.Server {
 			continue
 		}
 		dns := PodDNS(o.Name, m.Ordinal, o.Namespace)
-		sv := &shardkvpb.Server{Id: m.ID, Addr: fmt.Sprintf("%s:%d", dns, GRPCPort)}
+		sv := &shardkvpb.Server{Id: m.ID, Addr: podGRPCAddr(o.Name, m.Ordinal, o.Namespace)}
 		// Redis clients are shown, in CLUSTER SLOTS and redirects, the
 		// address of the port they came in on: a port the pods do not
 		// serve must not be named, and a TLS port must be.

@@ -212,6 +212,15 @@ func (r *ShardMapReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
+// apiReader reads from the API server, not the cache (the Client when no
+// APIReader was set, as in tests that build the reconciler by hand).
+func (r *ShardMapReconciler) apiReader() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
+}
+
 // clock is r.now, or the wall clock.
 func (r *ShardMapReconciler) clock() time.Time {
 	if r.now != nil {

@@ -21,8 +21,7 @@ package controllers
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,7 +46,7 @@ const ReasonReplacingCtrlerReplica = "ReplacingControllerReplica"
 // runs (o.CtrlerPods, by ordinal), once the controller answered
 // (o.Cluster). A pod that does not answer is left out.
 func (r *ShardMapReconciler) observeCtrlerMembers(ctx context.Context, sm *shardkvv1.ShardMap, o *smObserved, pods []corev1.Pod) {
-	if o.Cluster == nil {
+	if o.Cluster == nil || ctrlerMembersSettled(o) {
 		return
 	}
 	// The controller answered, so the cluster's credentials (TLS) are there.
@@ -66,8 +65,8 @@ func (r *ShardMapReconciler) observeCtrlerMembers(ctx context.Context, sm *shard
 		if ord < 0 || ord >= int(o.Bootstrap) || !p.DeletionTimestamp.IsZero() || !podReady(p) {
 			continue
 		}
-		addr, ok := r.ctrlerPodDialAddr(sm, ord, p)
-		if !ok {
+		addr := r.ctrlerPodDialAddr(sm, ord, p)
+		if addr == "" {
 			continue
 		}
 		api, err := r.DataPlane.Replica(creds, addr)
@@ -83,22 +82,40 @@ func (r *ShardMapReconciler) observeCtrlerMembers(ctx context.Context, sm *shard
 	}
 }
 
-// ctrlerPodDialAddr is where the operator dials controller pod ord: its
-// DNS name, or its IP with DialPodIPs.
-func (r *ShardMapReconciler) ctrlerPodDialAddr(sm *shardkvv1.ShardMap, ord int, p *corev1.Pod) (string, bool) {
-	if !r.DialPodIPs {
-		return ctrlerMemberAddr(sm.Name, sm.Namespace, ord), true
+// ctrlerMembersSettled reports, from the leader's membership alone, that
+// no pod needs asking which replica it runs: one voter at each pod's
+// address, the leader or heard from lately (a pod running another id
+// leaves the old one silent). A status not from the leader settles
+// nothing either way, and planCtrlerMembers acts only on the leader's.
+func ctrlerMembersSettled(o *smObserved) bool {
+	leader := o.Cluster.GetController()
+	if leader.GetLeader() == 0 || leader.GetId() != leader.GetLeader() {
+		return true
 	}
-	if p == nil || p.Status.PodIP == "" {
-		return "", false
+	for ord := range int(o.Bootstrap) {
+		addr := podGRPCAddr(CtrlerName(o.Name), ord, o.Namespace)
+		var at []*shardkvpb.Member
+		for _, m := range leader.GetMembers() {
+			if m.GetAddr() == addr {
+				at = append(at, m)
+			}
+		}
+		if len(at) != 1 || at[0].GetLearner() {
+			return false
+		}
+		m := at[0]
+		heard := m.HeardMsAgo != nil && time.Duration(m.GetHeardMsAgo())*time.Millisecond <= maxSilence
+		if m.GetId() != leader.GetLeader() && !heard {
+			return false
+		}
 	}
-	return net.JoinHostPort(p.Status.PodIP, strconv.Itoa(GRPCPort)), true
+	return true
 }
 
-// ctrlerMemberAddr is the address controller pod ord advertises (its
-// --advertise), the one the group's membership lists.
-func ctrlerMemberAddr(sm, namespace string, ord int) string {
-	return fmt.Sprintf("%s:%d", PodDNS(CtrlerName(sm), ord, namespace), GRPCPort)
+// ctrlerPodDialAddr is where the operator dials controller pod ord (""
+// if it cannot yet).
+func (r *ShardMapReconciler) ctrlerPodDialAddr(sm *shardkvv1.ShardMap, ord int, p *corev1.Pod) string {
+	return podDialAddr(r.DialPodIPs, CtrlerName(sm.Name), ord, sm.Namespace, p)
 }
 
 // planCtrlerMembers is the next membership call that puts the replica each
@@ -116,7 +133,7 @@ func planCtrlerMembers(o *smObserved, pl *smPlan) (smStep, bool) {
 		if st == nil || st.GetId() == 0 {
 			continue
 		}
-		addr := ctrlerMemberAddr(o.Name, o.Namespace, ord)
+		addr := podGRPCAddr(CtrlerName(o.Name), ord, o.Namespace)
 		var self, old *shardkvpb.Member
 		for _, m := range leader.GetMembers() {
 			switch {
@@ -167,8 +184,8 @@ func (r *ShardMapReconciler) executeCtrlerMember(ctx context.Context, sm *shardk
 	if lord >= 0 {
 		leaderPod = o.ctrlerPodObjs[lord]
 	}
-	addr, ok := r.ctrlerPodDialAddr(sm, lord, leaderPod)
-	if lord < 0 || !ok {
+	addr := r.ctrlerPodDialAddr(sm, lord, leaderPod)
+	if lord < 0 || addr == "" {
 		return fail(fmt.Errorf("the controller leader's pod is not known (%s)", o.Cluster.GetController().GetAddr()))
 	}
 	creds, err := r.Credentials.For(sm)
@@ -183,7 +200,7 @@ func (r *ShardMapReconciler) executeCtrlerMember(ctx context.Context, sm *shardk
 	defer cancel()
 	switch st.Kind {
 	case smStepCtrlerAddLearner:
-		err = api.AddLearner(cctx, st.Member, ctrlerMemberAddr(sm.Name, sm.Namespace, st.Ordinal))
+		err = api.AddLearner(cctx, st.Member, podGRPCAddr(CtrlerName(sm.Name), st.Ordinal, sm.Namespace))
 	case smStepCtrlerPromote:
 		err = api.Promote(cctx, st.Member)
 	case smStepCtrlerRemoveMember:

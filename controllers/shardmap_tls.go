@@ -108,10 +108,7 @@ func leafOwner(sm *shardkvv1.ShardMap, groups map[string]*shardkvv1.ReplicaGroup
 // Certificate of the cluster) and the Secrets cert-manager filled.
 func (r *ShardMapReconciler) observeCertificates(ctx context.Context, sm *shardkvv1.ShardMap, o *tlsObserved, groups map[string]*shardkvv1.ReplicaGroup) error {
 	o.CertManager = &certManagerObserved{Issuer: *sm.Spec.TLS.IssuerRef, Certs: map[string]*unstructured.Unstructured{}}
-	reader := r.APIReader
-	if reader == nil {
-		reader = r.Client
-	}
+	reader := r.apiReader()
 	for _, l := range o.Want {
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(certificateGVK)
@@ -161,10 +158,7 @@ func (r *ShardMapReconciler) issuerProblem(ctx context.Context, sm *shardkvv1.Sh
 	if (ref.Kind != "" && ref.Kind != issuerGVK.Kind) || (ref.Group != "" && ref.Group != issuerGVK.Group) {
 		return ""
 	}
-	reader := r.APIReader
-	if reader == nil {
-		reader = r.Client
-	}
+	reader := r.apiReader()
 	u := &unstructured.Unstructured{}
 	u.SetGroupVersionKind(issuerGVK)
 	switch err := reader.Get(ctx, client.ObjectKey{Namespace: sm.Namespace, Name: ref.Name}, u); {

@@ -64,10 +64,7 @@ func (r *ShardMapReconciler) observeUsers(ctx context.Context, sm *shardkvv1.Sha
 	var o usersObserved
 	if sel := sm.Spec.Users; sel != nil {
 		o.Source = fmt.Sprintf("Secret %s key %s", sel.Name, sel.Key)
-		reader := r.APIReader
-		if reader == nil {
-			reader = r.Client
-		}
+		reader := r.apiReader()
 		s := &corev1.Secret{}
 		if err := reader.Get(ctx, client.ObjectKey{Namespace: sm.Namespace, Name: sel.Name}, s); err != nil {
 			o.Err = fmt.Errorf("read %s: %w", o.Source, err)
