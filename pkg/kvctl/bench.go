@@ -15,8 +15,6 @@ import (
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
-
-	"github.com/shardkv/shardkv/pkg/client"
 )
 
 // benchJSON is the --json output of bench.
@@ -81,30 +79,11 @@ func cmdBench(k *kvctl, args []string) error {
 	case *readRatio < 0 || *readRatio > 1 || math.IsNaN(*readRatio):
 		return usagef(nil, "--read-ratio must be between 0 and 1")
 	}
-	if _, err := k.resolveCtrler(); err != nil {
+	cls, closeAll, err := k.workerClients(*clients)
+	if err != nil {
 		return err
 	}
-
-	// Each worker is its own client (own session and connections).
-	cls := make([]*client.Client, *clients)
-	for i := range cls {
-		c, err := client.New(k.ctrlerAddrs, k.dial...)
-		if err != nil {
-			return err
-		}
-		c.AttemptTimeout = min(c.AttemptTimeout, k.timeout)
-		defer c.Close()
-		cls[i] = c
-	}
-	// Learn the config before the clock starts.
-	{
-		ctx, cancel := k.ctx()
-		_, err := cls[0].Config(ctx)
-		cancel()
-		if err != nil {
-			return k.ctrlErr(err)
-		}
-	}
+	defer closeAll()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -172,34 +151,15 @@ func cmdBench(k *kvctl, args []string) error {
 		}()
 	}
 
-	finished := make(chan struct{})
-	go func() { wg.Wait(); close(finished) }()
-	tty := isTerminal(k.stderr)
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
 	var prev uint64
 	prevT := start
-loop:
-	for {
-		select {
-		case <-finished:
-			break loop
-		case now := <-tick.C:
-			n := done.Load()
-			rate := float64(n-prev) / now.Sub(prevT).Seconds()
-			prev, prevT = n, now
-			line := fmt.Sprintf("%5.0fs  %d ops  %.0f ops/s  %d errors", now.Sub(start).Seconds(), n, rate, failed.Load())
-			if tty {
-				fmt.Fprintf(k.stderr, "\r%-60s", line)
-			} else {
-				fmt.Fprintln(k.stderr, line)
-			}
-		}
-	}
+	k.progress(&wg, start, func() string {
+		now, n := time.Now(), done.Load()
+		rate := float64(n-prev) / now.Sub(prevT).Seconds()
+		prev, prevT = n, now
+		return fmt.Sprintf("%d ops  %.0f ops/s  %d errors", n, rate, failed.Load())
+	})
 	elapsed := time.Since(start)
-	if tty {
-		fmt.Fprintf(k.stderr, "\r%-60s\r", "")
-	}
 
 	var get, put []time.Duration
 	var getErr, putErr uint64

@@ -74,6 +74,8 @@ func init() {
 		{"append", "<key> <value>", "append value to key's value (creating it)", cmdAppend},
 		{"del", "<key>", "delete key (exit 3 if it did not exist)", cmdDel},
 		{"bench", "[--clients=8] [--duration=10s | --ops=N] [--value-size=64] [--keys=1000] [--read-ratio=0.5] [--key-prefix=kvctl-bench:]", "run a load and print a latency table", cmdBench},
+		{"fill", "--keys=N [--value-size=1024] [--key-prefix=kvctl-fill:] [--passes=1] [--clients=16]", "write keys <prefix>0..N-1, each with a value made from its name (every key, --passes times); kvctl verify reads them back", cmdFill},
+		{"verify", "--keys=N [--value-size=1024] [--key-prefix=kvctl-fill:] [--clients=16]", "read back what kvctl fill wrote; fails if any key is missing, wrong or unreadable", cmdVerify},
 		{"workload", "[--redis=HOST:PORT[,...] [--redis-user=U] [--redis-password=PW]] [--clients=8] [--keys=16] [--prefix=P] [--rate=50] [--op-timeout=10s] [--listen=:8090] [--duration=0] [--check [--check-timeout=5m] [--viz=FILE]]", "record a history for a linearizability check; serves it over HTTP (GET /status, POST /stop, GET /history)", cmdWorkload},
 		{"join", "<gid>=<addr>[,<addr>...] ... [--weight=N]", "add data groups (addresses are the members' gRPC addresses)", cmdJoin},
 		{"leave", "<gid>...", "remove data groups; their shards move to the others (planned, then cut over)", cmdLeave},

@@ -189,6 +189,10 @@ func TestUsageAndExitCodes(t *testing.T) {
 		{"bench", "--clients=0"},
 		{"bench", "--read-ratio=2"},
 		{"bench", "extra"},
+		{"fill"},
+		{"fill", "--keys=10", "--passes=0"},
+		{"verify", "--keys=10", "--value-size=-1"},
+		{"verify", "--keys=10", "--passes=2"},
 	} {
 		r := run(args...)
 		if r.code != kvctl.ExitUsage {
@@ -728,6 +732,34 @@ func TestCluster(t *testing.T) {
 		b := decode[benchOut](t, mustRun(t, c, "--json", "bench", "--ops=40", "--clients=2", "--read-ratio=0.25"))
 		if b.Ops != 40 || len(b.ByOp) != 3 || b.ByOp[2].Op != "all" || b.ByOp[2].Ops != 40 || b.ByOp[2].P50Ms <= 0 || b.ByOp[2].MaxMs < b.ByOp[2].P99Ms {
 			t.Fatalf("bench --json: %+v", b)
+		}
+	})
+
+	t.Run("fill and verify", func(t *testing.T) {
+		r := mustRun(t, c, "fill", "--keys=50", "--value-size=40", "--key-prefix=fv:", "--passes=2", "--clients=3")
+		if !strings.Contains(r.out, "50 keys of 40 bytes: 100 operations") {
+			t.Fatalf("fill: %s", r)
+		}
+		type fillOut struct {
+			Ops      uint64 `json:"ops"`
+			Errors   uint64 `json:"errors"`
+			Missing  uint64 `json:"missing"`
+			Wrong    uint64 `json:"wrong"`
+			FirstBad string `json:"first_bad"`
+		}
+		if v := decode[fillOut](t, mustRun(t, c, "--json", "verify", "--keys=50", "--value-size=40", "--key-prefix=fv:")); v.Ops != 50 || v.Missing+v.Wrong+v.Errors != 0 {
+			t.Fatalf("verify after fill: %+v", v)
+		}
+		// One key lost and one overwritten: both are found, and it fails.
+		mustRun(t, c, "del", "fv:7")
+		mustRun(t, c, "put", "fv:9", "something else")
+		r = run(c, "--json", "verify", "--keys=50", "--value-size=40", "--key-prefix=fv:")
+		if v := decode[fillOut](t, r); r.code != 1 || v.Missing != 1 || v.Wrong != 1 || v.FirstBad == "" {
+			t.Fatalf("verify after a loss: exit %d, %+v", r.code, v)
+		}
+		if r := run(c, "verify", "--keys=50", "--value-size=40", "--key-prefix=fv:"); r.code != 1 ||
+			!strings.Contains(r.err, "of 50 keys, 1 missing, 1 with a wrong value, 0 unread") {
+			t.Fatalf("verify after a loss: %s", r)
 		}
 	})
 
