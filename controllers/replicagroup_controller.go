@@ -199,6 +199,11 @@ func (r *ReplicaGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	paused := sm != nil && sm.Spec.Paused
 	deleting := !rg.DeletionTimestamp.IsZero()
 
+	claims, err := r.groupClaims(ctx, rg)
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("claims: %w", err)
+	}
+
 	// The group's objects, once it has an id (recorded before the
 	// StatefulSet exists, so its pods are started with it).
 	var sts *appsv1.StatefulSet
@@ -210,21 +215,22 @@ func (r *ReplicaGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		if err := r.ensureService(ctx, rg, sm); err != nil {
 			return ctrl.Result{}, fmt.Errorf("service: %w", err)
 		}
-		var err error
-		if sts, err = r.ensureStatefulSet(ctx, rg, sm); err != nil {
+		if len(retainedOrdinals(rg, claims)) > 0 {
+			// No pod may start on a deleted group's data: the set is not
+			// created (or changed) until those claims are gone
+			// (planRetainedVolumes).
+			sts, err = r.existingStatefulSet(ctx, rg)
+		} else {
+			sts, err = r.ensureStatefulSet(ctx, rg, sm)
+		}
+		if err != nil {
 			return ctrl.Result{}, fmt.Errorf("statefulset: %w", err)
 		}
-	} else {
-		sts = &appsv1.StatefulSet{}
-		if err := r.Get(ctx, client.ObjectKeyFromObject(rg), sts); err != nil {
-			if !apierrors.IsNotFound(err) {
-				return ctrl.Result{}, err
-			}
-			sts = nil
-		}
+	} else if sts, err = r.existingStatefulSet(ctx, rg); err != nil {
+		return ctrl.Result{}, err
 	}
 
-	o, err := r.observe(ctx, rg, sm, sts)
+	o, err := r.observe(ctx, rg, sm, sts, claims)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -263,6 +269,18 @@ func (r *ReplicaGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 	}
 	return r.finishStatus(ctx, rg, o, st, execErr)
+}
+
+// existingStatefulSet is the group's StatefulSet (nil if there is none).
+func (r *ReplicaGroupReconciler) existingStatefulSet(ctx context.Context, rg *shardkvv1.ReplicaGroup) (*appsv1.StatefulSet, error) {
+	sts := &appsv1.StatefulSet{}
+	if err := r.Get(ctx, client.ObjectKeyFromObject(rg), sts); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	return sts, nil
 }
 
 func countVoters(ms []shardkvv1.Member) int {

@@ -175,7 +175,9 @@ func (r *ReplicaGroupReconciler) execute(ctx context.Context, rg *shardkvv1.Repl
 
 	case stepFinalize:
 		if o.PVCRetentionDelete {
-			for _, ord := range o.PVCs {
+			// Claims retained from a deleted group of the same name were
+			// never this group's: they stay.
+			for _, ord := range o.ownPVCs() {
 				if err := r.deletePVC(ctx, rg, ord, o.PVCUIDs[ord]); err != nil {
 					return false, ctrl.Result{}, err
 				}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -22,9 +23,11 @@ import (
 )
 
 // observe gathers what the planner needs.
-func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, sts *appsv1.StatefulSet) (*observed, error) {
+func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, sts *appsv1.StatefulSet,
+	claims []corev1.PersistentVolumeClaim) (*observed, error) {
 	o := &observed{
-		Name: rg.Name, Namespace: rg.Namespace,
+		RetainedVolumesWipe: rg.Spec.RetainedVolumes == "Wipe",
+		Name:                rg.Name, Namespace: rg.Namespace,
 		Deleting:           !rg.DeletionTimestamp.IsZero(),
 		HasFinalizer:       controllerutil.ContainsFinalizer(rg, Finalizer),
 		Paused:             sm != nil && sm.Spec.Paused,
@@ -54,6 +57,7 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 	if !o.HasFinalizer || o.GroupID == 0 {
 		return o, nil // the planner's first steps need no more
 	}
+	o.RetainedPVCs = retainedOrdinals(rg, claims)
 	dial := true
 	if sm != nil {
 		creds, err := r.Credentials.For(sm)
@@ -76,19 +80,14 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 		}
 		podObjs[ord] = p
 		o.Pods[ord] = &podView{Ordinal: ord, Name: p.Name, UID: p.UID, Exists: true, Deleting: !p.DeletionTimestamp.IsZero(),
-			Ready: podReady(p), Revision: p.Labels[appsv1.ControllerRevisionHashLabelKey]}
+			Ready: podReady(p), Revision: p.Labels[appsv1.ControllerRevisionHashLabelKey], Trouble: podTrouble(p)}
 	}
 	for i := range int(max(o.StsReplicas, 0)) {
 		if _, ok := o.Pods[i]; !ok {
 			o.Pods[i] = &podView{Ordinal: i, Name: fmt.Sprintf("%s-%d", rg.Name, i)}
 		}
 	}
-	var pvcs corev1.PersistentVolumeClaimList
-	// The StatefulSet controller labels its claims with the set's selector.
-	if err := r.List(ctx, &pvcs, client.InNamespace(rg.Namespace), client.MatchingLabels{LabelGroup: rg.Name}); err != nil {
-		return nil, err
-	}
-	for _, c := range pvcs.Items {
+	for _, c := range claims {
 		if ord := pvcOrdinal(rg.Name, c.Name); ord >= 0 && c.DeletionTimestamp.IsZero() {
 			o.PVCs = append(o.PVCs, ord)
 			if o.PVCUIDs == nil {
@@ -216,4 +215,69 @@ func (r *ReplicaGroupReconciler) ctrlerAPI(ctx context.Context, sm *shardkvv1.Sh
 		return nil, err
 	}
 	return r.DataPlane.Controller(creds, addrs)
+}
+
+// groupClaims are the claims the StatefulSet controller made (or would
+// reuse) for the group's pods: it labels them with the set's selector.
+func (r *ReplicaGroupReconciler) groupClaims(ctx context.Context, rg *shardkvv1.ReplicaGroup) ([]corev1.PersistentVolumeClaim, error) {
+	var pvcs corev1.PersistentVolumeClaimList
+	if err := r.List(ctx, &pvcs, client.InNamespace(rg.Namespace), client.MatchingLabels{LabelGroup: rg.Name}); err != nil {
+		return nil, err
+	}
+	return pvcs.Items, nil
+}
+
+// retainedOrdinals are the ordinals whose claim is older than the
+// ReplicaGroup itself: kept from a deleted group of the same name, whose
+// data (and node.json, naming that group) a pod of this one must never
+// start on. A claim this group made is always younger than it.
+func retainedOrdinals(rg *shardkvv1.ReplicaGroup, claims []corev1.PersistentVolumeClaim) []int {
+	var out []int
+	for _, c := range claims {
+		ord := pvcOrdinal(rg.Name, c.Name)
+		if ord >= 0 && c.DeletionTimestamp.IsZero() && c.CreationTimestamp.Before(&rg.CreationTimestamp) {
+			out = append(out, ord)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// podTrouble says why a pod's node container is not running, with the
+// last words of its previous run ("" if it runs or is starting normally):
+// what a user needs when a group waits on pods that never answer.
+func podTrouble(p *corev1.Pod) string {
+	for _, c := range p.Status.ContainerStatuses {
+		if c.Name != nodeContainer {
+			continue
+		}
+		w := c.State.Waiting
+		if w == nil || w.Reason == "" || w.Reason == "ContainerCreating" || w.Reason == "PodInitializing" {
+			return ""
+		}
+		msg := w.Reason
+		if t := c.LastTerminationState.Terminated; t != nil {
+			last := strings.TrimSpace(t.Message)
+			if i := strings.LastIndexByte(last, '\n'); i >= 0 {
+				last = last[i+1:]
+			}
+			msg += fmt.Sprintf(" (exit %d", t.ExitCode)
+			if last != "" {
+				msg += ": " + truncate(last, 300)
+			}
+			msg += ")"
+		} else if w.Message != "" {
+			msg += ": " + truncate(w.Message, 300)
+		}
+		return msg
+	}
+	return ""
+}
+
+// truncate cuts s to at most n bytes, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }

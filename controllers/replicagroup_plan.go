@@ -81,6 +81,8 @@ const (
 	reasonDrained               = "Drained"
 	reasonPVCCleanup            = "DeletePVC"
 	reasonBootstrap             = "Bootstrap"
+	reasonRetainedVolumes       = "RetainedVolumes"
+	reasonWipeRetainedVolume    = "WipeRetainedVolume"
 	reasonIdle                  = "Idle"
 )
 
@@ -132,6 +134,9 @@ type podView struct {
 	Ready    bool
 	// Revision is the pod's controller-revision-hash label.
 	Revision string
+	// Trouble says why the node container is not running (podTrouble;
+	// "" if it runs or is starting normally).
+	Trouble string
 	// Status is what the replica's admin API answered (nil: unreachable).
 	Status *shardkvpb.MemberStatus
 }
@@ -186,6 +191,11 @@ type observed struct {
 	// being deleted); PVCUIDs their UIDs.
 	PVCs    []int
 	PVCUIDs map[int]types.UID
+	// RetainedPVCs are the ordinals whose claim is older than the
+	// ReplicaGroup (retainedOrdinals): another group's data.
+	RetainedPVCs []int
+	// RetainedVolumesWipe: spec.retainedVolumes is Wipe.
+	RetainedVolumesWipe bool
 
 	// Leader is the leader's own status (nil: no leader found); its
 	// Members are the group's membership.
@@ -405,17 +415,23 @@ func nextStep(o *observed) step {
 	if o.GroupID == 0 {
 		return step{Kind: stepAllocateGroupID, Reason: reasonBootstrap, Message: "allocating a group id"}
 	}
+	if len(o.RetainedPVCs) > 0 {
+		return planRetainedVolumes(o)
+	}
 	if o.StsReplicas < 0 {
 		return wait(reasonCreating, "creating the StatefulSet")
 	}
 	S := int(o.StsReplicas)
 	D := int(o.Desired)
 
-	// Claims of replicas beyond the set (scale-in finished) go when their
-	// pod has gone, if the spec says so. Safe at any time.
+	// Claims of replicas beyond the set and the spec (scale-in finished)
+	// go when their pod has gone, if the spec says so. Safe at any time.
+	// Beyond the spec too: a set shrunk by hand (kubectl scale) still
+	// holds the group's only copy of its data in the claims it no longer
+	// reaches.
 	if o.PVCRetentionDelete {
 		for _, ord := range o.PVCs {
-			if ord >= S && !o.pod(ord).Exists {
+			if ord >= S && ord >= D && !o.pod(ord).Exists {
 				return step{Kind: stepDeletePVC, Ordinal: ord, Reason: reasonPVCCleanup,
 					Message: fmt.Sprintf("deleting the volume of removed replica %s (pvcRetention: Delete)", o.podName(ord))}
 			}
@@ -424,12 +440,20 @@ func nextStep(o *observed) step {
 
 	if o.Leader == nil {
 		answering := 0
+		var trouble []string
 		for i := range S {
-			if p := o.pod(i); p.Status != nil && p.Status.Id != 0 {
+			p := o.pod(i)
+			if p.Status != nil && p.Status.Id != 0 {
 				answering++
+			} else if p.Trouble != "" {
+				trouble = append(trouble, p.Name+": "+p.Trouble)
 			}
 		}
-		return wait(reasonNoLeader, "waiting for the group to elect a leader (%d of %d pods answer)", answering, S)
+		msg := fmt.Sprintf("waiting for the group to elect a leader (%d of %d pods answer)", answering, S)
+		if len(trouble) > 0 {
+			msg += "; " + strings.Join(trouble, "; ")
+		}
+		return wait(reasonNoLeader, "%s", msg)
 	}
 	voters := o.voters()
 
@@ -666,7 +690,15 @@ func planDeletion(o *observed) step {
 	if o.Config == nil {
 		return wait(reasonControllerUnreachable, "cannot reach the controller group to drain group %d", o.GroupID)
 	}
-	if configGroup(o.Config, o.GroupID) != nil {
+	if g := configGroup(o.Config, o.GroupID); g != nil {
+		if g.Leaving {
+			// Left already: its shards' moves are planned (pre-copy, then
+			// cut-over), and it goes from the config with the last one.
+			// Another Leave would change nothing.
+			n, _ := shardSummary(o.Config, o.GroupID)
+			return wait(reasonWaitingForDrain, "group %d is leaving: %d of its shards are still to be copied and cut over to the other groups",
+				o.GroupID, n)
+		}
 		if len(o.Config.Groups) == 1 {
 			return wait(reasonLastGroupHoldsData,
 				"group %d is the last group of the cluster and holds its data: it is not drained (its shards would have nowhere to go); add another ReplicaGroup first, or delete the ShardMap",
@@ -675,15 +707,24 @@ func planDeletion(o *observed) step {
 		return step{Kind: stepLeave, Reason: reasonLeave,
 			Message: fmt.Sprintf("leaving: group %d's shards move to the other groups", o.GroupID)}
 	}
-	if o.Phase == "" || o.Phase == shardkvv1.PhasePending {
-		return step{Kind: stepFinalize, Reason: reasonDrained, Message: fmt.Sprintf("group %d never joined: nothing to drain", o.GroupID)}
-	}
+	// Out of the config: it never joined, or it left (by this deletion,
+	// or out of band). Only the group's own report says whether it still
+	// holds shards; status.phase may be stale or lost.
 	if o.Reports == nil {
 		return wait(reasonControllerUnreachable, "cannot read the controller's group reports to see group %d drain", o.GroupID)
 	}
 	r := o.Reports[o.GroupID]
 	if r == nil {
-		return wait(reasonWaitingForDrain, "waiting for group %d's leader to report its shards to the controller", o.GroupID)
+		switch {
+		case o.Leader != nil:
+			return wait(reasonWaitingForDrain, "waiting for group %d's leader to report its shards to the controller", o.GroupID)
+		case len(o.ownPVCs()) == 0:
+			return step{Kind: stepFinalize, Reason: reasonDrained,
+				Message: fmt.Sprintf("group %d has no volume of its own: it never stored anything", o.GroupID)}
+		}
+		return wait(reasonWaitingForDrain,
+			"group %d is not in the config, no replica of it answers and the controller has no report from it: it may still hold shards others need. Bring its pods back, or remove the finalizer to abandon its data",
+			o.GroupID)
 	}
 	if r.ConfigNum < o.Config.Num {
 		return wait(reasonWaitingForDrain, "group %d has applied config %d of %d", o.GroupID, r.ConfigNum, o.Config.Num)
@@ -701,4 +742,45 @@ func planDeletion(o *observed) step {
 	}
 	return step{Kind: stepFinalize, Reason: reasonDrained,
 		Message: fmt.Sprintf("group %d has handed off and deleted every shard", o.GroupID)}
+}
+
+// ownPVCs are the group's claims that are its own (not retained from a
+// deleted group of the same name).
+func (o *observed) ownPVCs() []int {
+	var out []int
+	for _, ord := range o.PVCs {
+		if !slices.Contains(o.RetainedPVCs, ord) {
+			out = append(out, ord)
+		}
+	}
+	return out
+}
+
+// planRetainedVolumes: claims older than the ReplicaGroup hold a deleted
+// group's data (its node.json names that group, so a pod would only
+// crash-loop on them). Refuse until the user deletes them, or, with
+// spec.retainedVolumes: Wipe, delete them (and a pod on one) one at a time.
+func planRetainedVolumes(o *observed) step {
+	names := make([]string, len(o.RetainedPVCs))
+	for i, ord := range o.RetainedPVCs {
+		names[i] = pvcName(o.Name, ord)
+	}
+	if !o.RetainedVolumesWipe {
+		return wait(reasonRetainedVolumes,
+			"volumes %s are older than this ReplicaGroup: kept from a deleted group of the same name, they hold its data, and group %d must not start on them; delete them (kubectl delete pvc %s), or set spec.retainedVolumes: Wipe to have the operator delete them",
+			strings.Join(names, ", "), o.GroupID, strings.Join(names, " "))
+	}
+	ord := o.RetainedPVCs[0]
+	p := o.pod(ord)
+	switch {
+	case p.Exists && p.Deleting:
+		return wait(reasonWipeRetainedVolume, "waiting for pod %s to terminate before deleting retained volume %s", p.Name, names[0])
+	case p.Exists:
+		return step{Kind: stepRecreateReplica, Ordinal: ord, Reason: reasonWipeRetainedVolume,
+			Message: fmt.Sprintf("deleting retained volume %s, which holds a deleted group's data, and pod %s on it (spec.retainedVolumes: Wipe)", names[0], p.Name)}
+	case ord < int(o.StsReplicas):
+		return wait(reasonWipeRetainedVolume, "waiting for pod %s, which the StatefulSet starts on retained volume %s, to delete both", o.podName(ord), names[0])
+	}
+	return step{Kind: stepDeletePVC, Ordinal: ord, Reason: reasonWipeRetainedVolume,
+		Message: fmt.Sprintf("deleting retained volume %s, which holds a deleted group's data (spec.retainedVolumes: Wipe)", names[0])}
 }

@@ -157,6 +157,19 @@ func TestPlanScaleInDeletesPVCs(t *testing.T) {
 			"RemoveMember(3) Join(1,2) ScaleStatefulSet(2) DeletePVC(2) Idle")
 }
 
+func TestPlanSetShrunkByHandKeepsClaims(t *testing.T) {
+	// Someone scaled the StatefulSet to 0 (kubectl scale statefulset):
+	// under pvcRetention Delete the claims it no longer reaches are still
+	// the group's data, not a finished scale-in's leftovers.
+	w := newSimGroup(t, 1, 9)
+	w.retention = true
+	w.sts = 0
+	w.pods = map[int]*simPod{}
+	if st := nextStep(w.observe()); st.Kind == stepDeletePVC {
+		t.Fatalf("step %s: deletes the claim of a replica the spec still wants", st)
+	}
+}
+
 func TestPlanScaleInKeepsQuorum(t *testing.T) {
 	w := newSimGroup(t, 3, 9)
 	w.desired = 2
@@ -344,6 +357,19 @@ func TestPlanDeletion(t *testing.T) {
 		if st := nextStep(w.observe()); st.Kind != stepLeave {
 			t.Fatalf("step %s, want Leave", st)
 		}
+		// Left with planned moves: the group stays in the config, marked
+		// leaving, until its last shard is cut over. Leave is not repeated.
+		leaving := w.config
+		w.config = &shardkvpb.Config{Num: leaving.Num + 1, Shards: leaving.Shards}
+		for _, g := range leaving.Groups {
+			g := &shardkvpb.Group{Gid: g.Gid, Weight: g.Weight, Servers: g.Servers, Leaving: g.Gid == w.gid}
+			w.config.Groups = append(w.config.Groups, g)
+		}
+		st := nextStep(w.observe())
+		if st.Kind != stepWait || st.Message != "group 7 is leaving: 4 of its shards are still to be copied and cut over to the other groups" {
+			t.Fatalf("leaving: step %s %q, want a wait", st, st.Message)
+		}
+		w.config = leaving
 		w.apply(step{Kind: stepLeave})
 		// The controller's reports are not known yet.
 		if st := nextStep(w.observe()); st.Kind != stepWait || st.Reason != reasonControllerUnreachable {
@@ -359,7 +385,7 @@ func TestPlanDeletion(t *testing.T) {
 		}
 		w.reports[w.gid] = &shardkvpb.GroupReport{Gid: w.gid, ConfigNum: w.config.Num, Shards: []*shardkvpb.ShardState{
 			{Shard: 0, State: "BePulling"}, {Shard: 2, State: "GCing"}, {Shard: 4, State: "GCing"}}}
-		st := nextStep(w.observe())
+		st = nextStep(w.observe())
 		if st.Kind != stepWait || st.Message != "group 7 still holds 3 shards (1 BePulling, 2 GCing)" {
 			t.Fatalf("holding: step %s %q", st, st.Message)
 		}
@@ -377,12 +403,58 @@ func TestPlanDeletion(t *testing.T) {
 		}
 	})
 	t.Run("never joined", func(t *testing.T) {
+		// Its leader runs: its report decides, as for any group.
 		w := newSimGroup(t, 3, 9)
 		w.config.Groups = w.config.Groups[1:]
 		w.phase = "Pending"
 		w.deleting = true
+		w.reports = map[uint64]*shardkvpb.GroupReport{}
+		if st := nextStep(w.observe()); st.Kind != stepWait || st.Reason != reasonWaitingForDrain {
+			t.Fatalf("before its report: step %s, want a wait", st)
+		}
+		w.reports[w.gid] = &shardkvpb.GroupReport{Gid: w.gid, ConfigNum: w.config.Num}
 		if st := nextStep(w.observe()); st.Kind != stepFinalize {
 			t.Fatalf("step %s, want Finalize", st)
+		}
+	})
+	t.Run("never ran", func(t *testing.T) {
+		// No pod ever ran (a bad image, say): no leader, no report and no
+		// volume of its own; a retained volume of a deleted group of the
+		// same name does not count.
+		w := newSimGroup(t, 3, 9)
+		w.config.Groups = w.config.Groups[1:]
+		w.phase = "Pending"
+		w.deleting = true
+		w.reports = map[uint64]*shardkvpb.GroupReport{}
+		w.pods = map[int]*simPod{}
+		w.pvcs = map[int]uint64{0: 1}
+		w.retained = map[int]bool{0: true}
+		if st := nextStep(w.observe()); st.Kind != stepFinalize {
+			t.Fatalf("step %s, want Finalize", st)
+		}
+	})
+	t.Run("left out of band, status lost, shards still held", func(t *testing.T) {
+		// The group left the config without the operator, and its status
+		// says Pending (a lost write): its own report still holds shards
+		// another group must pull, so it is not finalized.
+		w := newSimGroup(t, 3, 9)
+		w.config.Groups = w.config.Groups[:1]
+		w.config.Groups[0].Gid = 9
+		w.phase = ""
+		w.deleting = true
+		w.reports = map[uint64]*shardkvpb.GroupReport{w.gid: {Gid: w.gid, ConfigNum: w.config.Num,
+			Shards: []*shardkvpb.ShardState{{Shard: 1, State: "BePulling"}, {Shard: 3, State: "BePulling"}}}}
+		st := nextStep(w.observe())
+		if st.Kind != stepWait || st.Message != "group 7 still holds 2 shards (2 BePulling)" {
+			t.Fatalf("step %s %q, want a wait on the drain", st, st.Message)
+		}
+		// Its pods down: still no finalize while its volumes may hold data.
+		delete(w.reports, w.gid)
+		for _, p := range w.pods {
+			p.down = true
+		}
+		if st := nextStep(w.observe()); st.Kind != stepWait || !strings.Contains(st.Message, "may still hold shards") {
+			t.Fatalf("pods down: step %s %q, want a wait", st, st.Message)
 		}
 	})
 	t.Run("joined but status says pending", func(t *testing.T) {
@@ -473,5 +545,83 @@ func TestPlanServersNameServedRedisPorts(t *testing.T) {
 				t.Errorf("ports %v: step %s, want Join (update) of the TLS addresses", tc.ports, st)
 			}
 		}
+	}
+}
+
+func TestPlanRetainedVolumes(t *testing.T) {
+	// A re-created group (new id) finds volumes kept from a deleted group
+	// of the same name: no StatefulSet yet.
+	fresh := func(t *testing.T) *simWorld {
+		w := newSimGroup(t, 3, 9)
+		w.config.Groups = w.config.Groups[1:]
+		w.phase = "Pending"
+		w.sts = -1
+		w.pods = map[int]*simPod{}
+		w.pvcs = map[int]uint64{0: 1, 1: 2, 2: 3, 4: 5}
+		w.retained = map[int]bool{0: true, 1: true, 2: true, 4: true}
+		return w
+	}
+	t.Run("refused by default", func(t *testing.T) {
+		w := fresh(t)
+		st := nextStep(w.observe())
+		want := "volumes data-rg-0, data-rg-1, data-rg-2, data-rg-4 are older than this ReplicaGroup"
+		if st.Kind != stepWait || st.Reason != reasonRetainedVolumes || !strings.HasPrefix(st.Message, want) ||
+			!strings.Contains(st.Message, "kubectl delete pvc data-rg-0 data-rg-1 data-rg-2 data-rg-4") {
+			t.Fatalf("step %s %q", st, st.Message)
+		}
+		// Deleting it meanwhile finalizes (it never stored anything) and
+		// leaves the retained volumes alone even under pvcRetention Delete.
+		w.deleting = true
+		w.retention = true
+		w.reports = map[uint64]*shardkvpb.GroupReport{}
+		o := w.observe()
+		if st := nextStep(o); st.Kind != stepFinalize || len(o.ownPVCs()) != 0 {
+			t.Fatalf("deleting: step %s, own claims %v", st, o.ownPVCs())
+		}
+	})
+	t.Run("wiped with Wipe", func(t *testing.T) {
+		w := fresh(t)
+		w.wipe = true
+		var steps []step
+		for range 10 {
+			st := nextStep(w.observe())
+			if st.Kind != stepDeletePVC {
+				break
+			}
+			steps = append(steps, st)
+			w.apply(st)
+		}
+		expectSteps(t, steps, "DeletePVC(0) DeletePVC(1) DeletePVC(2) DeletePVC(4)")
+		if st := nextStep(w.observe()); st.Kind != stepWait || st.Reason != reasonCreating {
+			t.Fatalf("after the wipe: %s", st)
+		}
+	})
+	t.Run("a pod already on one", func(t *testing.T) {
+		// Created before the operator knew: a crash-looping pod on a
+		// retained volume goes with it.
+		w := newSimGroup(t, 3, 9)
+		w.retained = map[int]bool{1: true}
+		w.pods[1].down = true
+		if st := nextStep(w.observe()); st.Kind != stepWait || st.Reason != reasonRetainedVolumes {
+			t.Fatalf("refuse: %s", st)
+		}
+		w.wipe = true
+		if st := nextStep(w.observe()); st.Kind != stepRecreateReplica || st.Ordinal != 1 {
+			t.Fatalf("wipe: %s, want RecreateReplica(1)", st)
+		}
+	})
+}
+
+func TestPlanNoLeaderSaysWhyPodsFail(t *testing.T) {
+	w := newSimGroup(t, 3, 9)
+	for _, p := range w.pods {
+		p.down = true
+	}
+	o := w.observe()
+	o.Pods[1].Trouble = "CrashLoopBackOff (exit 1: node: data dir /data belongs to role=group group=2 id=1, not role=group group=4 id=1)"
+	st := nextStep(o)
+	want := "waiting for the group to elect a leader (0 of 3 pods answer); rg-1: CrashLoopBackOff (exit 1: node: data dir /data belongs to"
+	if st.Reason != reasonNoLeader || !strings.HasPrefix(st.Message, want) {
+		t.Fatalf("step %s %q", st, st.Message)
 	}
 }

@@ -37,6 +37,10 @@ type simWorld struct {
 	sts       int // -1: none
 	pods      map[int]*simPod
 	pvcs      map[int]uint64 // ordinal -> replica id on the volume (0: empty)
+	// retained: ordinals whose volume is older than the group (a deleted
+	// group's); wipe: spec.retainedVolumes is Wipe.
+	retained  map[int]bool
+	wipe      bool
 	members   []memberView
 	leaderID  uint64
 	commit    uint64
@@ -161,6 +165,12 @@ func (w *simWorld) observe() *observed {
 		o.PVCs = append(o.PVCs, ord)
 	}
 	slices.Sort(o.PVCs)
+	for _, ord := range o.PVCs {
+		if w.retained[ord] {
+			o.RetainedPVCs = append(o.RetainedPVCs, ord)
+		}
+	}
+	o.RetainedVolumesWipe = w.wipe
 	for ord, pv := range o.Pods {
 		if pv.Status != nil && pv.Status.Role == "leader" {
 			o.Leader, o.LeaderOrdinal = pv.Status, ord
@@ -297,6 +307,7 @@ func (w *simWorld) apply(st step) {
 		}
 	case stepRecreateReplica:
 		delete(w.pvcs, st.Ordinal)
+		delete(w.retained, st.Ordinal)
 		w.pods[st.Ordinal].exists = false
 		w.restarting[st.Ordinal] = 1
 	case stepDeletePVC:
@@ -304,6 +315,7 @@ func (w *simWorld) apply(st step) {
 			t.Fatalf("%s: its pod exists", st)
 		}
 		delete(w.pvcs, st.Ordinal)
+		delete(w.retained, st.Ordinal)
 	case stepFinalize:
 		w.finalized = true
 		w.finalizer = false

@@ -211,6 +211,9 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 				Resources:       *rg.Spec.Resources.DeepCopy(),
 				VolumeMounts:    []corev1.VolumeMount{{Name: dataVolume, MountPath: "/data"}},
 				SecurityContext: nodeContainerSecurityContext(),
+				// A node that exits on an error says why as its last log
+				// line: the pod's status shows it (the operator quotes it).
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			}},
 		},
 	}

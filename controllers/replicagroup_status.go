@@ -31,15 +31,21 @@ func setCondition(rg *shardkvv1.ReplicaGroup, typ string, status metav1.Conditio
 // finishStatus records what the pass saw and did, and picks the requeue.
 func (r *ReplicaGroupReconciler) finishStatus(ctx context.Context, rg *shardkvv1.ReplicaGroup, o *observed, st step, execErr error) (ctrl.Result, error) {
 	before := rg.Status.DeepCopy()
-	prevDraining := ""
+	prevDraining, prevProgressing := "", ""
 	if c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionDraining); c != nil {
 		prevDraining = c.Reason
 	}
+	if c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionProgressing); c != nil {
+		prevProgressing = c.Reason
+	}
 	r.computeStatus(rg, o, st, execErr)
 
-	// The refusal to drain the last group is told once, when it starts.
-	if st.Reason == reasonLastGroupHoldsData && prevDraining != reasonLastGroupHoldsData {
+	// A refusal that waits for the user is told once, when it starts.
+	switch {
+	case st.Reason == reasonLastGroupHoldsData && prevDraining != reasonLastGroupHoldsData:
 		r.Recorder.Eventf(rg, nil, corev1.EventTypeWarning, reasonLastGroupHoldsData, "Drain", "%s", st.Message)
+	case st.Reason == reasonRetainedVolumes && prevProgressing != reasonRetainedVolumes:
+		r.Recorder.Eventf(rg, nil, corev1.EventTypeWarning, reasonRetainedVolumes, "CreateStatefulSet", "%s", st.Message)
 	}
 	if !equality.Semantic.DeepEqual(before, &rg.Status) {
 		if err := r.Status().Update(ctx, rg); err != nil {
@@ -56,8 +62,9 @@ func (r *ReplicaGroupReconciler) finishStatus(ctx context.Context, rg *shardkvv1
 		return ctrl.Result{RequeueAfter: r.requeueIdle()}, nil
 	case st.Kind == stepWait && (st.Reason == reasonPaused || st.Reason == reasonShardMapNotFound || st.Reason == "NoImage"):
 		return ctrl.Result{RequeueAfter: r.requeueIdle()}, nil
-	case st.Kind == stepWait && st.Reason == reasonLastGroupHoldsData:
-		// Another group joining (not watched) lifts the refusal.
+	case st.Kind == stepWait && (st.Reason == reasonLastGroupHoldsData || st.Reason == reasonRetainedVolumes):
+		// Another group joining, or the user deleting the claims (neither
+		// watched), lifts the refusal.
 		return ctrl.Result{RequeueAfter: max(r.requeueShort(), r.requeueIdle()/6)}, nil
 	}
 	return ctrl.Result{RequeueAfter: r.requeueShort()}, nil
@@ -154,7 +161,7 @@ func (r *ReplicaGroupReconciler) computeStatus(rg *shardkvv1.ReplicaGroup, o *ob
 			fmt.Sprintf("%s: %v (will retry)", st.Message, execErr))
 	case st.Kind == stepIdle:
 		setCondition(rg, shardkvv1.ConditionProgressing, metav1.ConditionFalse, reasonIdle, st.Message)
-	case st.Reason == reasonPaused || st.Reason == reasonLastGroupHoldsData:
+	case st.Reason == reasonPaused || st.Reason == reasonLastGroupHoldsData || st.Reason == reasonRetainedVolumes:
 		setCondition(rg, shardkvv1.ConditionProgressing, metav1.ConditionFalse, st.Reason, st.Message)
 	default:
 		setCondition(rg, shardkvv1.ConditionProgressing, metav1.ConditionTrue, st.Reason, st.Message)

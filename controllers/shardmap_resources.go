@@ -121,6 +121,9 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 				Resources:       *sm.Spec.Controller.Resources.DeepCopy(),
 				VolumeMounts:    []corev1.VolumeMount{{Name: dataVolume, MountPath: "/data"}},
 				SecurityContext: nodeContainerSecurityContext(),
+				// A node that exits on an error says why as its last log
+				// line: the pod's status shows it (the operator quotes it).
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			}},
 		},
 	}

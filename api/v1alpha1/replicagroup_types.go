@@ -44,6 +44,16 @@ type ReplicaGroupSpec struct {
 	// +kubebuilder:validation:Enum=Retain;Delete
 	// +optional
 	PVCRetention string `json:"pvcRetention,omitempty"`
+	// RetainedVolumes is what the operator does with a volume named for
+	// one of this group's replicas that is older than the group: one kept
+	// (pvcRetention: Retain) from a deleted ReplicaGroup of the same name.
+	// It holds another group's data, so a pod never starts on it. Refuse
+	// (the default) waits, saying which volumes, until the user deletes
+	// them; Wipe deletes them first. Wipe destroys that data for good.
+	// +kubebuilder:default=Refuse
+	// +kubebuilder:validation:Enum=Refuse;Wipe
+	// +optional
+	RetainedVolumes string `json:"retainedVolumes,omitempty"`
 	// +optional
 	PodTemplate PodOverrides `json:"podTemplate,omitempty"`
 	// RequirePass names a Secret key holding the password Redis clients must
