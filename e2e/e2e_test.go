@@ -15,7 +15,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -43,6 +42,7 @@ func TestE2E(t *testing.T) {
 	}
 	base := map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 3}
 	run := func(name string, f func(t *testing.T)) {
+		e.scenarioStart = time.Now()
 		if !t.Run(name, f) {
 			e.dump(t)
 		}
@@ -84,7 +84,7 @@ func TestE2E(t *testing.T) {
 
 	run("AddGroup", func(t *testing.T) {
 		// Data to move, so the migration lasts long enough to be seen.
-		e.fill(t, "e2e-fill-a:", 30*time.Second)
+		e.fill(t, dataSet{sm: sm, ctrlers: 3, prefix: "e2e-fill-a:", keys: 20000, valueSize: 1024}, 1)
 		stop := e.watchMigrations(t, sm)
 		e.applyGroup(t, "demo-d", 3, "Delete")
 		e.eventually(t, settle, "demo-d joined and shards balanced", func() (bool, string) {
@@ -123,8 +123,7 @@ func TestE2E(t *testing.T) {
 				tag, shard = c, s
 			}
 		}
-		e.k(t, "exec", controllers.CtrlerName(sm)+"-0", "-c", "node", "--", "/kvctl", "--ctrler="+e.ctrlerAddrs(sm, 3),
-			"bench", "--clients=16", "--duration=15s", "--read-ratio=0", "--keys=1000", "--value-size=16384", "--key-prefix="+tag)
+		e.fill(t, dataSet{sm: sm, ctrlers: 3, prefix: tag, keys: 1000, valueSize: 16384}, 1)
 		stop := e.watchMigrations(t, sm)
 		out := e.k(t, "exec", controllers.CtrlerName(sm)+"-0", "-c", "node", "--", "/kvctl", "--ctrler="+e.ctrlerAddrs(sm, 3),
 			"move", fmt.Sprint(shard), fmt.Sprint(target))
@@ -151,22 +150,26 @@ func TestE2E(t *testing.T) {
 	})
 
 	run("DeleteGroup", func(t *testing.T) {
+		stop := e.watchGroup(t, "demo-d")
 		e.k(t, "delete", "replicagroup/demo-d", "--wait=false")
-		sawDraining := false
 		e.eventually(t, settle, "demo-d drained and gone", func() (bool, string) {
 			rg := e.group(t, "demo-d")
 			if rg != nil {
-				if rg.Status.Phase == "Draining" || condTrue(rg.Status.Conditions, shardkvv1.ConditionDraining) {
-					sawDraining = true
-				}
 				return false, fmt.Sprintf("demo-d phase=%s shards=%d draining=%s", rg.Status.Phase, rg.Status.Shards.Count,
 					condStatus(rg.Status.Conditions, shardkvv1.ConditionDraining))
 			}
 			return true, "demo-d deleted"
 		})
-		if !sawDraining {
-			t.Logf("note: demo-d's Draining phase was not observed between polls")
+		// Every status write, watched: it left, waited for its shards to
+		// move, and was finalized as drained.
+		seen := stop()
+		t.Logf("demo-d's status writes:\n%s", strings.Join(seen, "\n"))
+		for _, want := range []string{"phase=Draining draining=WaitingForDrain", "draining=Drained"} {
+			if !slices.ContainsFunc(seen, func(s string) bool { return strings.Contains(s, want) }) {
+				t.Errorf("demo-d's status never showed %q", want)
+			}
 		}
+		e.checkEvents(t, "demo-d", "Leave", "Finalize")
 		e.waitSettled(t, settle, sm, base)
 		// Its objects went with it; the PVCs follow pvcRetention: Delete.
 		e.eventually(t, 2*time.Minute, "demo-d's objects gone", func() (bool, string) {
@@ -178,7 +181,9 @@ func TestE2E(t *testing.T) {
 				left = append(left, "service")
 			}
 			var pvcs corev1.PersistentVolumeClaimList
-			_ = e.kube.List(ctx(t), &pvcs, client.InNamespace(e.ns))
+			if err := e.kube.List(ctx(t), &pvcs, client.InNamespace(e.ns)); err != nil {
+				return false, "list claims: " + err.Error()
+			}
 			for _, p := range pvcs.Items {
 				if strings.HasPrefix(p.Name, "data-demo-d-") {
 					left = append(left, "pvc/"+p.Name)
@@ -190,7 +195,13 @@ func TestE2E(t *testing.T) {
 		e.workloadsProgress(t)
 	})
 
+	// A cluster of its own ("solo"), so the main one keeps its data: the
+	// lifecycle paths that need a group left alone or the operator down.
 	run("DeleteLastGroupRefused", func(t *testing.T) { e.deleteLastGroup(t) })
+
+	run("RecreateOnRetainedVolume", func(t *testing.T) { e.recreateOnRetainedVolume(t) })
+
+	run("DeleteDecidedByReports", func(t *testing.T) { e.deleteDecidedByReports(t) })
 
 	run("PodFailures", func(t *testing.T) { e.podFailures(t) })
 
@@ -201,6 +212,16 @@ func TestE2E(t *testing.T) {
 	run("ControllerLeaderLoss", func(t *testing.T) { e.controllerLeaderLoss(t) })
 
 	run("TLS", func(t *testing.T) { e.tlsCluster(t) })
+
+	run("ReadBack", func(t *testing.T) {
+		// Every fill of the run, read back in full after every scenario
+		// (migrations, drains, lost disks, rolls) had its turn.
+		for _, d := range e.fills {
+			if d.sm == sm { // the solo cluster's was read back before it went
+				e.verify(t, d)
+			}
+		}
+	})
 
 	run("Linearizable", func(t *testing.T) {
 		for _, name := range workloads {
@@ -280,13 +301,41 @@ func (e *env) deleteNamespace(t *testing.T) {
 	t.Errorf("namespace %s still exists after 3m", e.ns)
 }
 
-// fill writes for d through kvctl bench in a controller pod: load, and
-// data for migrations and snapshots.
-func (e *env) fill(t *testing.T, prefix string, d time.Duration) {
+// dataSet is what one kvctl fill wrote: keys <prefix>0..keys-1 in
+// ShardMap sm, each with a value made from its name.
+type dataSet struct {
+	sm, prefix      string
+	ctrlers         int
+	keys, valueSize int
+}
+
+func (d dataSet) flags() []string {
+	return []string{fmt.Sprintf("--keys=%d", d.keys), fmt.Sprintf("--value-size=%d", d.valueSize), "--key-prefix=" + d.prefix}
+}
+
+// fill writes d (every key, passes times) through kvctl fill in a
+// controller pod: load, and data for migrations and snapshots. The run
+// reads every fill back at the end (ReadBack).
+func (e *env) fill(t *testing.T, d dataSet, passes int) {
 	t.Helper()
-	out := e.k(t, "exec", controllers.CtrlerName(sm)+"-0", "-c", "node", "--", "/kvctl", "--ctrler="+e.ctrlerAddrs(sm, 3),
-		"bench", "--clients=16", "--duration="+d.String(), "--read-ratio=0", "--keys=20000", "--value-size=1024", "--key-prefix="+prefix)
-	t.Logf("fill %s:\n%s", prefix, out)
+	args := append([]string{"exec", controllers.CtrlerName(d.sm) + "-0", "-c", "node", "--", "/kvctl", "--ctrler=" + e.ctrlerAddrs(d.sm, d.ctrlers),
+		"fill", "--clients=16", fmt.Sprintf("--passes=%d", passes)}, d.flags()...)
+	out := e.k(t, args...)
+	t.Logf("fill %s: %s", d.prefix, strings.TrimSpace(out))
+	e.fills = append(e.fills, d)
+}
+
+// verify reads d back in full: every key there, with its value.
+func (e *env) verify(t *testing.T, d dataSet) {
+	t.Helper()
+	args := append([]string{"exec", controllers.CtrlerName(d.sm) + "-0", "-c", "node", "--", "/kvctl", "--ctrler=" + e.ctrlerAddrs(d.sm, d.ctrlers),
+		"verify", "--clients=16"}, d.flags()...)
+	out, err := e.kubectlErr(append([]string{"-n", e.ns}, args...)...)
+	if err != nil {
+		t.Errorf("%s: data lost: %v", d.prefix, err)
+		return
+	}
+	t.Logf("verify %s: %s", d.prefix, strings.TrimSpace(out))
 }
 
 func (e *env) applyGroup(t *testing.T, name string, replicas int, retention string) {
@@ -367,10 +416,11 @@ func (e *env) checkStatusAgrees(t *testing.T, groups map[string]int) {
 	}
 }
 
-// checkEvents fails unless the group's Events include each reason.
+// checkEvents fails unless the group's Events since the scenario began
+// include each reason.
 func (e *env) checkEvents(t *testing.T, rg string, reasons ...string) {
 	t.Helper()
-	evs := e.events(t, "ReplicaGroup", rg)
+	evs := e.events(t, "ReplicaGroup", rg, e.scenarioStart)
 	for _, r := range reasons {
 		if !slices.ContainsFunc(evs, func(ev string) bool { return strings.HasPrefix(ev, r+"\t") }) {
 			t.Errorf("%s: no %s Event among:\n%s", rg, r, strings.Join(evs, "\n"))
@@ -405,56 +455,6 @@ func (e *env) checkMembersMatchPods(t *testing.T, name string) {
 	if !slices.Equal(pods, members) {
 		t.Errorf("%s: members on pods %v, pods %v", name, members, pods)
 	}
-}
-
-func (e *env) deleteLastGroup(t *testing.T) {
-	// A cluster of its own with one group, so the main one keeps its data.
-	e.applyYAML(t, `apiVersion: shardkv.io/v1alpha1
-kind: ShardMap
-metadata:
-  name: solo
-spec:
-  shards: 8
-  controller:
-    replicas: 1
-    storage: {size: 64Mi}
----
-apiVersion: shardkv.io/v1alpha1
-kind: ReplicaGroup
-metadata:
-  name: solo-a
-spec:
-  shardMap: solo
-  replicas: 1
-  storage: {size: 64Mi}
-`)
-	e.waitSettled(t, settle, "solo", map[string]int{"solo-a": 1})
-	e.k(t, "delete", "replicagroup/solo-a", "--wait=false")
-	var msg string
-	e.eventually(t, 2*time.Minute, "deletion of the last group refused", func() (bool, string) {
-		rg := e.group(t, "solo-a")
-		if rg == nil {
-			return false, "solo-a is gone: the deletion was executed"
-		}
-		c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionDraining)
-		if c == nil {
-			return false, "no Draining condition yet"
-		}
-		msg = c.Message
-		return c.Reason == "LastGroupHoldsData", fmt.Sprintf("Draining=%s reason=%s: %s", c.Status, c.Reason, c.Message)
-	})
-	t.Logf("condition message: %s", msg)
-	e.checkEvents(t, "solo-a", "LastGroupHoldsData")
-	// It stays refused, and the group keeps serving its shards.
-	time.Sleep(10 * time.Second)
-	rg := e.group(t, "solo-a")
-	if rg == nil || rg.Status.Shards.Count != 8 {
-		t.Fatalf("solo-a after the refusal: %+v", rg)
-	}
-	// Tear the solo cluster down: drop the finalizer (the user's way to
-	// say "discard the data"), then the ShardMap.
-	e.k(t, "patch", "replicagroup/solo-a", "--type=merge", "-p", `{"metadata":{"finalizers":null}}`)
-	e.k(t, "delete", "shardmap/solo", "--wait=true", "--timeout=2m")
 }
 
 // tableOwner is shard s's owner (group id) in the ShardMap's status table.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
@@ -42,7 +43,7 @@ func (e *env) podFailures(t *testing.T) {
 	// Enough writes that the group's log is compacted past its first
 	// entries (a snapshot every 10000 entries, 5000 kept): a replica with an
 	// empty disk then has to catch up from a snapshot.
-	e.fill(t, "e2e-fill-b:", 45*time.Second)
+	e.fill(t, dataSet{sm: sm, ctrlers: 3, prefix: "e2e-fill-b:", keys: 20000, valueSize: 1024}, 3)
 
 	lost := e.follower(t, g)
 	pvc := "data-" + lost.Pod
@@ -111,10 +112,7 @@ func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
 		}
 		st0[name] = st
 	}
-	before := map[string]int{}
-	for g := range base {
-		before[g] = len(e.events(t, "ReplicaGroup", g))
-	}
+	rollStart := time.Now()
 	sets := []string{controllers.CtrlerName(sm), "demo-a", "demo-b", "demo-c"}
 	logs := e.followLogs(t, sets...)
 	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"controller":{"image":%q}}}`, e.image2))
@@ -134,7 +132,7 @@ func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
 	})
 	e.waitSettled(t, settle, sm, base)
 	for g := range base {
-		evs := e.events(t, "ReplicaGroup", g)[before[g]:]
+		evs := e.events(t, "ReplicaGroup", g, rollStart)
 		restarts, transfers := 0, 0
 		for _, ev := range evs {
 			switch {
@@ -196,6 +194,25 @@ func (e *env) operatorCrash(t *testing.T, base map[string]int) {
 	e.kubectl(t, "-n", operatorNS, "delete", "pod", "-l", "app.kubernetes.io/component=manager", "--grace-period=0", "--force")
 	e.kubectl(t, "-n", operatorNS, "rollout", "status", "deploy/"+operatorDeploy, "--timeout=3m")
 	e.waitSettled(t, settle, sm, base)
+	// The scale-in was still under way at the kill: the new operator,
+	// once it held the leader lease (the killed one held it until it
+	// expired), took some of its steps.
+	lease, err := e.cs.CoordinationV1().Leases(operatorNS).Get(ctx(t), controllers.LeaderElectionID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("leader lease: %v", err)
+	}
+	acquired := lease.Spec.AcquireTime.Time
+	var after []string
+	for _, ev := range e.events(t, "ReplicaGroup", g, acquired.Add(time.Second)) {
+		if strings.HasPrefix(ev, "RemoveMember\t") || strings.HasPrefix(ev, "ScaleStatefulSet\t") {
+			after = append(after, ev)
+		}
+	}
+	t.Logf("the new operator (%s) leads since %s; its scale-in steps:\n%s", ptrStr(lease.Spec.HolderIdentity),
+		acquired.Format(time.RFC3339), strings.Join(after, "\n"))
+	if len(after) == 0 {
+		t.Errorf("the scale-in had finished before the operator was killed: no scale-in step after the new operator took the lease")
+	}
 	e.checkStatefulSet(t, g, 3)
 	e.checkMembersMatchPods(t, g)
 	e.workloadsProgress(t)
@@ -205,7 +222,8 @@ func (e *env) operatorCrash(t *testing.T, base map[string]int) {
 // the config that adds a new group commits: the groups must learn it, and
 // move a quarter of the shards, across the controller's election.
 func (e *env) controllerLeaderLoss(t *testing.T) {
-	leader := podOfAddr(e.kvctlStatus(t, sm).Controller.LeaderAddr)
+	st0 := e.kvctlStatus(t, sm).Controller
+	leader := podOfAddr(st0.LeaderAddr)
 	if !strings.HasPrefix(leader, controllers.CtrlerName(sm)+"-") {
 		t.Fatalf("controller leader %q is not a controller pod", leader)
 	}
@@ -229,8 +247,12 @@ func (e *env) controllerLeaderLoss(t *testing.T) {
 	}
 	e.k(t, "delete", "pod", leader, "--wait=false")
 	e.waitSettled(t, 2*settle, sm, map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 3, "demo-e": 3})
-	if now := podOfAddr(e.kvctlStatus(t, sm).Controller.LeaderAddr); now == leader {
-		t.Logf("note: %s leads the controller again after its restart", now)
+	// An election took place: the term moved on (the restarted pod may
+	// win it again).
+	st1 := e.kvctlStatus(t, sm).Controller
+	t.Logf("controller leader: %s in term %d before, %s in term %d after", leader, st0.Term, podOfAddr(st1.LeaderAddr), st1.Term)
+	if st1.Term <= st0.Term {
+		t.Errorf("the controller's term did not move on (%d, then %d): no election after its leader's pod was deleted", st0.Term, st1.Term)
 	}
 	for _, g := range []string{"demo-a", "demo-b", "demo-c", "demo-e"} {
 		if n := e.group(t, g).Status.Shards.Count; n != 16 {
@@ -238,4 +260,11 @@ func (e *env) controllerLeaderLoss(t *testing.T) {
 		}
 	}
 	e.workloadsProgress(t)
+}
+
+func ptrStr(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }

@@ -45,6 +45,11 @@ type env struct {
 	image2     string // a second tag of the same binaries, for the rolling update
 	kube       client.WithWatch
 	cs         kubernetes.Interface
+	// scenarioStart is when the running scenario began: checkEvents
+	// looks at the Events since then only.
+	scenarioStart time.Time
+	// fills are the data sets written so far (fill); ReadBack checks them.
+	fills []dataSet
 }
 
 func envOr(k, def string) string {
@@ -345,6 +350,7 @@ type kvctlStatusJSON struct {
 	Controller struct {
 		Leader     uint64 `json:"leader"`
 		LeaderAddr string `json:"leader_addr"`
+		Term       uint64 `json:"term"`
 	} `json:"controller"`
 	Groups []struct {
 		GID         uint64 `json:"gid"`
@@ -360,12 +366,42 @@ func podOfAddr(addr string) string {
 	return pod
 }
 
-// events returns the reasons and messages of the Events about an object, oldest first.
-func (e *env) events(t *testing.T, kind, name string) []string {
+// events returns the reasons and messages ("Reason\tmessage") of the
+// Events about an object last seen at or after since, oldest first.
+// Events' times have a resolution of one second.
+func (e *env) events(t *testing.T, kind, name string, since time.Time) []string {
 	t.Helper()
-	out := e.k(t, "get", "events", "--field-selector", "involvedObject.kind="+kind+",involvedObject.name="+name,
-		"--sort-by=.metadata.creationTimestamp", "-o", "jsonpath={range .items[*]}{.reason}{\"\\t\"}{.message}{\"\\n\"}{end}")
-	return strings.Split(strings.TrimSpace(out), "\n")
+	var list corev1.EventList
+	if err := e.kube.List(ctx(t), &list, client.InNamespace(e.ns)); err != nil {
+		t.Fatalf("list events: %v", err)
+	}
+	cut := since.Truncate(time.Second)
+	var evs []corev1.Event
+	for _, ev := range list.Items {
+		if ev.InvolvedObject.Kind == kind && ev.InvolvedObject.Name == name && !lastSeen(ev).Before(cut) {
+			evs = append(evs, ev)
+		}
+	}
+	slices.SortStableFunc(evs, func(a, b corev1.Event) int { return a.CreationTimestamp.Compare(b.CreationTimestamp.Time) })
+	out := make([]string, len(evs))
+	for i, ev := range evs {
+		out[i] = ev.Reason + "\t" + ev.Message
+	}
+	return out
+}
+
+// lastSeen is when an Event (or the last of its series) happened.
+func lastSeen(ev corev1.Event) time.Time {
+	at := ev.CreationTimestamp.Time
+	for _, t := range []time.Time{ev.LastTimestamp.Time, ev.EventTime.Time} {
+		if t.After(at) {
+			at = t
+		}
+	}
+	if ev.Series != nil && ev.Series.LastObservedTime.After(at) {
+		at = ev.Series.LastObservedTime.Time
+	}
+	return at
 }
 
 // watchMigrations records every migration the ShardMap's status lists, as
@@ -373,23 +409,46 @@ func (e *env) events(t *testing.T, kind, name string) []string {
 // short migration). The returned func stops it and returns what it saw.
 func (e *env) watchMigrations(t *testing.T, name string) func() []string {
 	t.Helper()
+	return watchStatus(t, e, &shardkvv1.ShardMapList{}, name, func(s *shardkvv1.ShardMap) []string {
+		var seen []string
+		for _, m := range s.Status.Migrations {
+			seen = append(seen, fmt.Sprintf("config %d: %s->%s shards=%d phase=%s/%s keys=%d/%d progress=%q",
+				s.Status.ConfigNum, m.Source, m.Target, m.Shards, m.Phase, m.CopyPhase, m.Keys, m.TotalKeys, m.Progress))
+		}
+		return seen
+	})
+}
+
+// watchGroup records each write of a ReplicaGroup's phase and Draining
+// condition ("phase=Draining draining=WaitingForDrain").
+func (e *env) watchGroup(t *testing.T, name string) func() []string {
+	t.Helper()
+	return watchStatus(t, e, &shardkvv1.ReplicaGroupList{}, name, func(rg *shardkvv1.ReplicaGroup) []string {
+		d := ""
+		if c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionDraining); c != nil {
+			d = c.Reason
+		}
+		return []string{fmt.Sprintf("phase=%s draining=%s", rg.Status.Phase, d)}
+	})
+}
+
+// watchStatus watches the objects of list's kind in the namespace and
+// records what f makes of each write of the one called name. The returned
+// func stops it and returns what it saw, repeats dropped.
+func watchStatus[T client.Object](t *testing.T, e *env, list client.ObjectList, name string, f func(T) []string) func() []string {
+	t.Helper()
 	c, cancel := context.WithCancel(context.Background())
-	w, err := e.kube.Watch(c, &shardkvv1.ShardMapList{}, client.InNamespace(e.ns))
+	w, err := e.kube.Watch(c, list, client.InNamespace(e.ns))
 	if err != nil {
 		cancel()
-		t.Fatalf("watch shardmaps: %v", err)
+		t.Fatalf("watch: %v", err)
 	}
 	done := make(chan []string)
 	go func() {
 		var seen []string
 		for ev := range w.ResultChan() {
-			s, ok := ev.Object.(*shardkvv1.ShardMap)
-			if !ok || s.Name != name {
-				continue
-			}
-			for _, m := range s.Status.Migrations {
-				seen = append(seen, fmt.Sprintf("config %d: %s->%s shards=%d phase=%s/%s keys=%d/%d progress=%q",
-					s.Status.ConfigNum, m.Source, m.Target, m.Shards, m.Phase, m.CopyPhase, m.Keys, m.TotalKeys, m.Progress))
+			if o, ok := ev.Object.(T); ok && o.GetName() == name {
+				seen = append(seen, f(o)...)
 			}
 		}
 		done <- slices.Compact(seen)

@@ -1,0 +1,268 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
+	"github.com/shardkv/shardkv/controllers"
+)
+
+// The solo cluster: ShardMap "solo" (8 shards, one controller replica)
+// and its groups, one replica each. These scenarios run in order.
+const solo = "solo"
+
+// soloData is what deleteDecidedByReports writes and reads back.
+var soloData = dataSet{sm: solo, ctrlers: 1, prefix: "e2e-solo:", keys: 2000, valueSize: 512}
+
+func (e *env) soloGroup(t *testing.T, name, extra string) {
+	t.Helper()
+	e.applyYAML(t, fmt.Sprintf(`apiVersion: shardkv.io/v1alpha1
+kind: ReplicaGroup
+metadata:
+  name: %s
+spec:
+  shardMap: %s
+  replicas: 1
+  storage: {size: 64Mi}
+%s`, name, solo, extra))
+}
+
+// deleteLastGroup: deleting the only group holding data is refused, and
+// goes ahead (drain, then finalize) once another group has joined. Its
+// volume stays (pvcRetention: Retain).
+func (e *env) deleteLastGroup(t *testing.T) {
+	e.applyYAML(t, `apiVersion: shardkv.io/v1alpha1
+kind: ShardMap
+metadata:
+  name: solo
+spec:
+  shards: 8
+  controller:
+    replicas: 1
+    storage: {size: 64Mi}
+`)
+	e.soloGroup(t, "solo-a", "")
+	e.waitSettled(t, settle, solo, map[string]int{"solo-a": 1})
+	e.k(t, "delete", "replicagroup/solo-a", "--wait=false")
+	var msg string
+	e.eventually(t, 2*time.Minute, "deletion of the last group refused", func() (bool, string) {
+		rg := e.group(t, "solo-a")
+		if rg == nil {
+			return false, "solo-a is gone: the deletion was executed"
+		}
+		c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionDraining)
+		if c == nil {
+			return false, "no Draining condition yet"
+		}
+		msg = c.Message
+		return c.Reason == "LastGroupHoldsData", fmt.Sprintf("Draining=%s reason=%s: %s", c.Status, c.Reason, c.Message)
+	})
+	t.Logf("condition message: %s", msg)
+	e.checkEvents(t, "solo-a", "LastGroupHoldsData")
+	// It stays refused, and the group keeps serving its shards.
+	time.Sleep(10 * time.Second)
+	rg := e.group(t, "solo-a")
+	if rg == nil || rg.Status.Shards.Count != 8 {
+		t.Fatalf("solo-a after the refusal: %+v", rg)
+	}
+
+	// Another group joins: the deletion goes ahead.
+	e.soloGroup(t, "solo-b", "  pvcRetention: Delete\n")
+	e.eventually(t, settle, "solo-a drained and gone once solo-b joined", func() (bool, string) {
+		if rg := e.group(t, "solo-a"); rg != nil {
+			return false, fmt.Sprintf("solo-a phase=%s draining=%s", rg.Status.Phase, condStatus(rg.Status.Conditions, shardkvv1.ConditionDraining))
+		}
+		return true, "gone"
+	})
+	e.waitSettled(t, settle, solo, map[string]int{"solo-b": 1})
+	e.checkEvents(t, "solo-a", "Leave", "Finalize")
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "data-solo-a-0"}, &corev1.PersistentVolumeClaim{}); err != nil {
+		t.Errorf("pvcRetention Retain: the volume of deleted group solo-a: %v", err)
+	}
+}
+
+// recreateOnRetainedVolume: a ReplicaGroup created under the name of the
+// deleted solo-a finds its retained volume, which holds solo-a's data and
+// an identity naming its old group id. The operator starts no pod on it
+// and says why; with spec.retainedVolumes: Wipe it deletes it, and the
+// group starts on a fresh one.
+func (e *env) recreateOnRetainedVolume(t *testing.T) {
+	var old corev1.PersistentVolumeClaim
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "data-solo-a-0"}, &old); err != nil {
+		t.Fatalf("the retained volume: %v", err)
+	}
+	e.soloGroup(t, "solo-a", "")
+	var msg string
+	e.eventually(t, 2*time.Minute, "solo-a refuses the retained volume", func() (bool, string) {
+		rg := e.group(t, "solo-a")
+		if rg == nil {
+			return false, "no solo-a"
+		}
+		c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionProgressing)
+		if c == nil {
+			return false, "no Progressing condition"
+		}
+		msg = c.Message
+		return c.Reason == "RetainedVolumes" && c.Status == "False" && strings.Contains(c.Message, "data-solo-a-0"),
+			fmt.Sprintf("Progressing=%s %s: %s", c.Status, c.Reason, c.Message)
+	})
+	t.Logf("condition message: %s", msg)
+	e.checkEvents(t, "solo-a", "RetainedVolumes")
+	// No pod is started on it, and the volume is untouched.
+	time.Sleep(5 * time.Second)
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "solo-a"}, &appsv1.StatefulSet{}); !apierrors.IsNotFound(err) {
+		t.Errorf("solo-a's StatefulSet exists (%v): a pod would start on another group's data", err)
+	}
+	var still corev1.PersistentVolumeClaim
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "data-solo-a-0"}, &still); err != nil || still.UID != old.UID {
+		t.Errorf("the retained volume changed under Refuse: %v (uid %s, was %s)", err, still.UID, old.UID)
+	}
+
+	e.k(t, "patch", "replicagroup/solo-a", "--type=merge", "-p", `{"spec":{"retainedVolumes":"Wipe"}}`)
+	e.waitSettled(t, settle, solo, map[string]int{"solo-a": 1, "solo-b": 1})
+	var now corev1.PersistentVolumeClaim
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "data-solo-a-0"}, &now); err != nil || now.UID == old.UID {
+		t.Errorf("after Wipe: volume %v, uid %s (the retained one was %s)", err, now.UID, old.UID)
+	}
+	e.checkEvents(t, "solo-a", "DeletePVC", "Join")
+}
+
+// deleteDecidedByReports: a group whose shards were handed to another
+// (stop-and-copy moves) and which then left the config behind the
+// operator's back, with its status at Pending (a lost write after its
+// Join), is deleted while its shards wait to be pulled (the group that
+// takes them is down). The operator must wait for the group's own report
+// to show it drained, not take the phase to mean "never joined" and delete
+// it with the only copy of its data. Every key written before is read back
+// at the end.
+func (e *env) deleteDecidedByReports(t *testing.T) {
+	e.fill(t, soloData, 1)
+	a, b := e.group(t, "solo-a"), e.group(t, "solo-b")
+	gid := a.Status.GroupID
+	var shards []string
+	m := e.shardMap(t, solo)
+	for s := range int(m.Spec.Shards) {
+		if tableOwner(m, s) == gid {
+			shards = append(shards, fmt.Sprint(s))
+		}
+	}
+	if len(shards) == 0 {
+		t.Fatalf("solo-a holds no shards: %+v", m.Status.Table)
+	}
+	ctrlPod := controllers.CtrlerName(solo) + "-0"
+	kv := func(args ...string) string {
+		return e.k(t, append([]string{"exec", ctrlPod, "-c", "node", "--", "/kvctl", "--ctrler=" + e.ctrlerAddrs(solo, 1)}, args...)...)
+	}
+
+	var claimB corev1.PersistentVolumeClaim
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "data-solo-b-0"}, &claimB); err != nil {
+		t.Fatalf("solo-b's volume: %v", err)
+	}
+	t.Log("stopping the operator, and solo-b (which would take solo-a's shards)")
+	e.scaleOperator(t, 0)
+	operatorUp := false
+	defer func() {
+		if !operatorUp {
+			e.scaleOperator(t, 1)
+		}
+	}()
+	e.k(t, "scale", "statefulset/solo-b", "--replicas=0")
+	e.eventually(t, 2*time.Minute, "solo-b's pod gone", func() (bool, string) {
+		return len(e.pods(t, "solo-b")) == 0, fmt.Sprintf("%d pods", len(e.pods(t, "solo-b")))
+	})
+	for _, s := range shards {
+		kv("move", s, fmt.Sprint(b.Status.GroupID), "--stop-and-copy")
+	}
+	t.Logf("shards %v handed to solo-b (down); kvctl leave %d:\n%s", shards, gid, kv("leave", fmt.Sprint(gid)))
+	e.k(t, "patch", "replicagroup/solo-a", "--subresource=status", "--type=merge", "-p", `{"status":{"phase":"Pending"}}`)
+	e.k(t, "delete", "replicagroup/solo-a", "--wait=false")
+	e.scaleOperator(t, 1)
+	operatorUp = true
+
+	e.eventually(t, 2*time.Minute, "solo-a waits for its shards to be pulled", func() (bool, string) {
+		rg := e.group(t, "solo-a")
+		if rg == nil {
+			return false, "solo-a is gone: deleted while its shards waited to be pulled"
+		}
+		c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionDraining)
+		if c == nil {
+			return false, "no Draining condition"
+		}
+		return c.Reason == "WaitingForDrain" && strings.Contains(c.Message, "BePulling"), fmt.Sprintf("%s: %s", c.Reason, c.Message)
+	})
+	// And it stays: nothing lets it go while solo-b is down.
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		rg := e.group(t, "solo-a")
+		if rg == nil || len(e.pods(t, "solo-a")) != 1 {
+			t.Fatalf("solo-a (or its pod) was deleted while its shards waited to be pulled")
+		}
+		time.Sleep(2 * time.Second)
+	}
+
+	// solo-b's StatefulSet shrunk by hand is not a scale-in: its volume
+	// (pvcRetention: Delete) is still the group's data, and stays.
+	var still corev1.PersistentVolumeClaim
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "data-solo-b-0"}, &still); err != nil || still.UID != claimB.UID {
+		t.Fatalf("solo-b's volume was deleted while its StatefulSet was scaled to 0 by hand: %v (uid %s, was %s)", err, still.UID, claimB.UID)
+	}
+	t.Log("solo-b back: it pulls the shards, and solo-a drains")
+	e.k(t, "scale", "statefulset/solo-b", "--replicas=1")
+	e.eventually(t, settle, "solo-a drained and gone", func() (bool, string) {
+		if rg := e.group(t, "solo-a"); rg != nil {
+			return false, fmt.Sprintf("draining=%s", condStatus(rg.Status.Conditions, shardkvv1.ConditionDraining))
+		}
+		return true, "gone"
+	})
+	e.waitSettled(t, settle, solo, map[string]int{"solo-b": 1})
+	evs := e.events(t, "ReplicaGroup", "solo-a", e.scenarioStart)
+	if !containsPrefix(evs, "Finalize\t"+fmt.Sprintf("group %d has handed off and deleted every shard", gid)) {
+		t.Errorf("solo-a was not finalized as drained; events:\n%s", strings.Join(evs, "\n"))
+	}
+	e.verify(t, soloData)
+
+	// Tear the solo cluster down: solo-b is its last group, so drop its
+	// finalizer (the user's way to say "discard the data"), then the
+	// ShardMap.
+	e.k(t, "patch", "replicagroup/solo-b", "--type=merge", "-p", `{"metadata":{"finalizers":null}}`)
+	e.k(t, "delete", "replicagroup/solo-b", "--wait=true", "--timeout=2m")
+	e.k(t, "delete", "shardmap/"+solo, "--wait=true", "--timeout=2m")
+}
+
+// scaleOperator sets the operator's replicas and waits for that many
+// manager pods to run (and none to linger).
+func (e *env) scaleOperator(t *testing.T, n int) {
+	t.Helper()
+	e.kubectl(t, "-n", operatorNS, "scale", "deploy/"+operatorDeploy, fmt.Sprintf("--replicas=%d", n))
+	if n > 0 {
+		e.kubectl(t, "-n", operatorNS, "rollout", "status", "deploy/"+operatorDeploy, "--timeout=3m")
+		return
+	}
+	e.eventually(t, 2*time.Minute, "operator stopped", func() (bool, string) {
+		var pods corev1.PodList
+		if err := e.kube.List(ctx(t), &pods, client.InNamespace(operatorNS), client.MatchingLabels{"app.kubernetes.io/component": "manager"}); err != nil {
+			return false, err.Error()
+		}
+		return len(pods.Items) == 0, fmt.Sprintf("%d manager pods", len(pods.Items))
+	})
+}
+
+func containsPrefix(list []string, prefix string) bool {
+	for _, s := range list {
+		if strings.HasPrefix(s, prefix) {
+			return true
+		}
+	}
+	return false
+}
