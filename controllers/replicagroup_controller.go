@@ -64,6 +64,9 @@ type ReplicaGroupReconciler struct {
 	RequeueShort, RequeueIdle time.Duration
 	// CallTimeout bounds each data-plane call (default 5s).
 	CallTimeout time.Duration
+
+	// The clock of a drained group's linger.
+	wallClock
 }
 
 // RBAC: exactly what the code calls (config/rbac/role.yaml; the envtest

@@ -27,6 +27,7 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 	claims []corev1.PersistentVolumeClaim) (*observed, error) {
 	o := &observed{
 		RetainedVolumesWipe: rg.Spec.RetainedVolumes == "Wipe",
+		Now:                 r.clock(),
 		Name:                rg.Name, Namespace: rg.Namespace,
 		Deleting:           !rg.DeletionTimestamp.IsZero(),
 		HasFinalizer:       controllerutil.ContainsFinalizer(rg, Finalizer),
@@ -44,6 +45,9 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 	}
 	if sm != nil {
 		o.RESPPorts = respPorts(sm)
+	}
+	if rg.Status.DrainedAt != nil {
+		o.DrainedAt = rg.Status.DrainedAt.Time
 	}
 	if sts != nil {
 		o.StsReplicas = 1

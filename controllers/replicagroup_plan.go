@@ -33,6 +33,17 @@ const maxCatchUpLag = 1000
 // itself gives up on a silent quorum.
 const maxSilence = time.Second
 
+// A drained group's pods stay until clients that still map its old shards
+// to them have been redirected (each answers with the new owner): gone at
+// once, they would be connection errors ("no such host") to those clients.
+// They go once no pod has had a client request for drainQuiet (Redis
+// Cluster clients such as go-redis reload their slot map on a redirect and
+// at least every 10s of use), or after drainLingerMax at most.
+const (
+	drainQuiet     = 15 * time.Second
+	drainLingerMax = 2 * time.Minute
+)
+
 // stepKind is what one pass does.
 type stepKind string
 
@@ -79,6 +90,7 @@ const (
 	reasonUpdateServers         = "UpdateServers"
 	reasonLeave                 = "Leave"
 	reasonDrained               = "Drained"
+	reasonLingering             = "WaitingForClientsToMove"
 	reasonPVCCleanup            = "DeletePVC"
 	reasonBootstrap             = "Bootstrap"
 	reasonRetainedVolumes       = "RetainedVolumes"
@@ -208,6 +220,9 @@ type observed struct {
 	// Reports are the group reports by gid from the controller's Status
 	// (only observed while deleting; nil: not known).
 	Reports map[uint64]*shardkvpb.GroupReport
+	// DrainedAt is status.drainedAt (zero: not drained yet); Now is the
+	// pass's time.
+	DrainedAt, Now time.Time
 }
 
 // majority of n voters.
@@ -740,8 +755,34 @@ func planDeletion(o *observed) step {
 		}
 		return wait(reasonWaitingForDrain, "group %d still holds %d shards (%s)", o.GroupID, len(r.Shards), strings.Join(parts, ", "))
 	}
-	return step{Kind: stepFinalize, Reason: reasonDrained,
-		Message: fmt.Sprintf("group %d has handed off and deleted every shard", o.GroupID)}
+	return planLinger(o)
+}
+
+// planLinger: the group holds nothing; its pods stay until clients have
+// moved away (drainQuiet, drainLingerMax), then it is finalized.
+func planLinger(o *observed) step {
+	if o.DrainedAt.IsZero() {
+		// The wait records status.drainedAt.
+		return wait(reasonLingering, "group %d has handed off and deleted every shard: its pods stay until clients have moved away", o.GroupID)
+	}
+	lingered := o.Now.Sub(o.DrainedAt)
+	var busy []string
+	for _, i := range slices.Sorted(maps.Keys(o.Pods)) {
+		p := o.Pods[i]
+		if st := p.Status; st != nil && st.ClientIdleMs != nil && time.Duration(*st.ClientIdleMs)*time.Millisecond < drainQuiet {
+			busy = append(busy, fmt.Sprintf("%s %s ago", p.Name, (time.Duration(*st.ClientIdleMs)*time.Millisecond).Round(100*time.Millisecond)))
+		}
+	}
+	if len(busy) > 0 && lingered < drainLingerMax {
+		return wait(reasonLingering, "group %d is drained; its pods stay until clients have moved away (no client request for %s, at most %s more): last client request at %s",
+			o.GroupID, drainQuiet, (drainLingerMax - lingered).Round(time.Second), strings.Join(busy, ", "))
+	}
+	msg := fmt.Sprintf("group %d has handed off and deleted every shard; clients moved away", o.GroupID)
+	if len(busy) > 0 {
+		msg = fmt.Sprintf("group %d has handed off and deleted every shard; its pods still had clients after %s (%s), which now go to the other groups",
+			o.GroupID, drainLingerMax, strings.Join(busy, ", "))
+	}
+	return step{Kind: stepFinalize, Reason: reasonDrained, Message: msg}
 }
 
 // ownPVCs are the group's claims that are its own (not retained from a

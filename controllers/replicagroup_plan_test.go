@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
@@ -390,9 +391,7 @@ func TestPlanDeletion(t *testing.T) {
 			t.Fatalf("holding: step %s %q", st, st.Message)
 		}
 		w.reports[w.gid].Shards = nil
-		if st := nextStep(w.observe()); st.Kind != stepFinalize {
-			t.Fatalf("drained: step %s, want Finalize", st)
-		}
+		finalizeAfterLinger(t, w)
 	})
 	t.Run("last group is refused", func(t *testing.T) {
 		w := newSimGroup(t, 3)
@@ -413,9 +412,7 @@ func TestPlanDeletion(t *testing.T) {
 			t.Fatalf("before its report: step %s, want a wait", st)
 		}
 		w.reports[w.gid] = &shardkvpb.GroupReport{Gid: w.gid, ConfigNum: w.config.Num}
-		if st := nextStep(w.observe()); st.Kind != stepFinalize {
-			t.Fatalf("step %s, want Finalize", st)
-		}
+		finalizeAfterLinger(t, w)
 	})
 	t.Run("never ran", func(t *testing.T) {
 		// No pod ever ran (a bad image, say): no leader, no report and no
@@ -623,5 +620,53 @@ func TestPlanNoLeaderSaysWhyPodsFail(t *testing.T) {
 	want := "waiting for the group to elect a leader (0 of 3 pods answer); rg-1: CrashLoopBackOff (exit 1: node: data dir /data belongs to"
 	if st.Reason != reasonNoLeader || !strings.HasPrefix(st.Message, want) {
 		t.Fatalf("step %s %q", st, st.Message)
+	}
+}
+
+// finalizeAfterLinger: a drained group (no client at its pods) lingers one
+// pass, which records status.drainedAt, then is finalized.
+func finalizeAfterLinger(t *testing.T, w *simWorld) {
+	t.Helper()
+	st := nextStep(w.observe())
+	if st.Kind != stepWait || st.Reason != reasonLingering {
+		t.Fatalf("drained: step %s %q, want the linger", st, st.Message)
+	}
+	w.apply(st)
+	if st := nextStep(w.observe()); st.Kind != stepFinalize {
+		t.Fatalf("drained, no client: step %s, want Finalize", st)
+	}
+}
+
+func TestPlanDrainedPodsLinger(t *testing.T) {
+	drained := func(t *testing.T) *simWorld {
+		w := newSimGroup(t, 3, 9)
+		w.config.Groups = w.config.Groups[1:]
+		w.deleting = true
+		w.phase = "Draining"
+		w.reports = map[uint64]*shardkvpb.GroupReport{w.gid: {Gid: w.gid, ConfigNum: w.config.Num}}
+		w.drainedAt = w.now.Add(-5 * time.Second)
+		return w
+	}
+	ms := func(d time.Duration) *uint64 { v := uint64(d.Milliseconds()); return &v }
+
+	w := drained(t)
+	w.pods[1].idleMs = ms(2 * time.Second)
+	w.pods[2].idleMs = ms(time.Minute)
+	st := nextStep(w.observe())
+	want := "group 7 is drained; its pods stay until clients have moved away (no client request for 15s, at most 1m55s more): last client request at rg-1 2s ago"
+	if st.Kind != stepWait || st.Reason != reasonLingering || st.Message != want {
+		t.Fatalf("a client 2s ago: step %s %q", st, st.Message)
+	}
+	// Quiet for drainQuiet everywhere: finalized.
+	w.pods[1].idleMs = ms(drainQuiet)
+	if st := nextStep(w.observe()); st.Kind != stepFinalize || st.Message != "group 7 has handed off and deleted every shard; clients moved away" {
+		t.Fatalf("quiet: step %s %q", st, st.Message)
+	}
+	// Clients that never stop: finalized after drainLingerMax anyway.
+	w = drained(t)
+	w.pods[0].idleMs = ms(time.Second)
+	w.drainedAt = w.now.Add(-drainLingerMax)
+	if st := nextStep(w.observe()); st.Kind != stepFinalize || !strings.Contains(st.Message, "still had clients after 2m0s (rg-0 1s ago)") {
+		t.Fatalf("linger bound: step %s %q", st, st.Message)
 	}
 }

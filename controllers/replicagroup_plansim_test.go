@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
@@ -25,6 +26,8 @@ type simPod struct {
 	// heardMs: the leader's "heard from it" age, if the leader reports one.
 	lonely  bool
 	heardMs *uint64
+	// idleMs: since its last client request (nil: none).
+	idleMs *uint64
 }
 
 // simWorld is one group and its surroundings.
@@ -39,22 +42,24 @@ type simWorld struct {
 	pvcs      map[int]uint64 // ordinal -> replica id on the volume (0: empty)
 	// retained: ordinals whose volume is older than the group (a deleted
 	// group's); wipe: spec.retainedVolumes is Wipe.
-	retained  map[int]bool
-	wipe      bool
-	members   []memberView
-	leaderID  uint64
-	commit    uint64
-	term      uint64
-	config    *shardkvpb.Config // nil: controller unreachable
-	reports   map[uint64]*shardkvpb.GroupReport
-	updateRev string
-	retention bool // pvcRetention Delete
-	deleting  bool
-	finalizer bool
-	paused    bool
-	smGone    bool
-	phase     string
-	nextID    uint64
+	retained map[int]bool
+	wipe     bool
+	// now is the observation's time; drainedAt status.drainedAt.
+	now, drainedAt time.Time
+	members        []memberView
+	leaderID       uint64
+	commit         uint64
+	term           uint64
+	config         *shardkvpb.Config // nil: controller unreachable
+	reports        map[uint64]*shardkvpb.GroupReport
+	updateRev      string
+	retention      bool // pvcRetention Delete
+	deleting       bool
+	finalizer      bool
+	paused         bool
+	smGone         bool
+	phase          string
+	nextID         uint64
 	// lag: new learners start behind and catch up on the next tick.
 	lag bool
 	// restartDelay: a restarted pod is back after this many ticks.
@@ -69,7 +74,8 @@ type simWorld struct {
 func newSimGroup(t *testing.T, n int, others ...uint64) *simWorld {
 	w := &simWorld{t: t, name: "rg", ns: "ns", gid: 7, desired: n, bootstrap: n, sts: n,
 		pods: map[int]*simPod{}, pvcs: map[int]uint64{}, commit: 1000, term: 3, updateRev: "rev1",
-		finalizer: true, phase: "Serving", nextID: 100, lag: true, restartDelay: 1, restarting: map[int]int{}}
+		finalizer: true, phase: "Serving", nextID: 100, lag: true, restartDelay: 1, restarting: map[int]int{},
+		now: time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)}
 	for i := range n {
 		w.pods[i] = &simPod{exists: true, ready: true, id: uint64(i + 1), rev: "rev1"}
 		w.pvcs[i] = uint64(i + 1)
@@ -117,7 +123,7 @@ func (w *simWorld) role(p *simPod) string {
 
 func (w *simWorld) status(p *simPod) *shardkvpb.MemberStatus {
 	st := &shardkvpb.MemberStatus{GroupId: w.gid, Id: p.id, Role: w.role(p), Term: w.term, Commit: w.commit, Applied: w.commit,
-		Leader: w.leaderID}
+		Leader: w.leaderID, ClientIdleMs: p.idleMs}
 	if p.lonely {
 		st.Leader = 0
 	}
@@ -171,6 +177,7 @@ func (w *simWorld) observe() *observed {
 		}
 	}
 	o.RetainedVolumesWipe = w.wipe
+	o.Now, o.DrainedAt = w.now, w.drainedAt
 	for ord, pv := range o.Pods {
 		if pv.Status != nil && pv.Status.Role == "leader" {
 			o.Leader, o.LeaderOrdinal = pv.Status, ord
@@ -224,6 +231,9 @@ func (w *simWorld) apply(st step) {
 	t := w.t
 	switch st.Kind {
 	case stepWait:
+		if st.Reason == reasonLingering && w.drainedAt.IsZero() {
+			w.drainedAt = w.now // what computeStatus records
+		}
 		w.tick()
 	case stepScaleStatefulSet:
 		for i := int(st.Replicas); i < w.sts; i++ {

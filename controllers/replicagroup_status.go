@@ -153,6 +153,9 @@ func (r *ReplicaGroupReconciler) computeStatus(rg *shardkvv1.ReplicaGroup, o *ob
 	if s.Phase == "" && o.GroupID != 0 {
 		s.Phase = shardkvv1.PhasePending
 	}
+	if st.Reason == reasonLingering && s.DrainedAt == nil {
+		s.DrainedAt = &metav1.Time{Time: o.Now}
+	}
 
 	// Progressing: the step in flight, or what it waits for.
 	switch {

@@ -111,8 +111,8 @@ type ShardMapReconciler struct {
 	// operator runs in; none outside a cluster).
 	OperatorNamespace string
 
-	// now is the clock of the migrations' rate estimates (nil: time.Now).
-	now func() time.Time
+	// The clock of the migrations' rate estimates and the TLS rotation.
+	wallClock
 
 	mu      sync.Mutex
 	watches map[types.NamespacedName]*configWatch

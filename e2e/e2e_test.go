@@ -150,6 +150,7 @@ func TestE2E(t *testing.T) {
 	})
 
 	run("DeleteGroup", func(t *testing.T) {
+		st0 := e.workloadSnapshot(t)
 		stop := e.watchGroup(t, "demo-d")
 		e.k(t, "delete", "replicagroup/demo-d", "--wait=false")
 		e.eventually(t, settle, "demo-d drained and gone", func() (bool, string) {
@@ -170,6 +171,11 @@ func TestE2E(t *testing.T) {
 			}
 		}
 		e.checkEvents(t, "demo-d", "Leave", "Finalize")
+		// Clients that still map demo-d's old slots to its pods are
+		// redirected by them until they have moved: not one operation
+		// fails because the pods went away.
+		e.workloadsProgress(t)
+		e.checkNoWorkloadErrors(t, st0, "the deletion of demo-d")
 		e.waitSettled(t, settle, sm, base)
 		// Its objects went with it; the PVCs follow pvcRetention: Delete.
 		e.eventually(t, 2*time.Minute, "demo-d's objects gone", func() (bool, string) {

@@ -104,14 +104,7 @@ func (e *env) follower(t *testing.T, g string) shardkvv1.Member {
 // rollingUpdate moves every pod to a second tag of the image: the
 // controller group's and each data group's, one pod at a time, leader last.
 func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
-	st0 := map[string]workloadStatus{}
-	for _, name := range workloads {
-		st, err := e.workloadStatus(t, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		st0[name] = st
-	}
+	st0 := e.workloadSnapshot(t)
 	rollStart := time.Now()
 	sets := []string{controllers.CtrlerName(sm), "demo-a", "demo-b", "demo-c"}
 	logs := e.followLogs(t, sets...)
@@ -148,17 +141,7 @@ func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
 		}
 	}
 	e.workloadsProgress(t)
-	for _, name := range workloads {
-		st1, err := e.workloadStatus(t, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d := st1.Unknown - st0[name].Unknown
-		t.Logf("%s during the roll: %d ok, %d unknown outcomes", name, st1.OK-st0[name].OK, d)
-		if d != 0 {
-			t.Errorf("%s: the roll caused %d client-visible errors (last: %s)", name, d, st1.LastErr)
-		}
-	}
+	e.checkNoWorkloadErrors(t, st0, "the roll")
 	// The restarted pods' own words on what went wrong, lost otherwise.
 	warned := logs.stop()
 	if t.Failed() {

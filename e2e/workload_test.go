@@ -186,3 +186,30 @@ func (e *env) workloadLog(t *testing.T, name string) string {
 	}
 	return strings.TrimSpace(out)
 }
+
+// workloadSnapshot is every workload's status now.
+func (e *env) workloadSnapshot(t *testing.T) map[string]workloadStatus {
+	t.Helper()
+	out := map[string]workloadStatus{}
+	for _, name := range workloads {
+		st, err := e.workloadStatus(t, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[name] = st
+	}
+	return out
+}
+
+// checkNoWorkloadErrors fails if any workload saw an operation fail (an
+// unknown outcome) since the snapshot st0, taken before what.
+func (e *env) checkNoWorkloadErrors(t *testing.T, st0 map[string]workloadStatus, what string) {
+	t.Helper()
+	for name, st1 := range e.workloadSnapshot(t) {
+		d := st1.Unknown - st0[name].Unknown
+		t.Logf("%s during %s: %d ok, %d unknown outcomes", name, what, st1.OK-st0[name].OK, d)
+		if d != 0 {
+			t.Errorf("%s: %s caused %d client-visible errors (last: %s)", name, what, d, st1.LastErr)
+		}
+	}
+}

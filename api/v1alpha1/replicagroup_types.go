@@ -82,6 +82,11 @@ type ReplicaGroupStatus struct {
 	// +kubebuilder:validation:Enum=Pending;Joining;Serving;Draining;Left
 	// +optional
 	Phase string `json:"phase,omitempty"`
+	// DrainedAt is when the deleted group was first seen holding no shard:
+	// its pods stay from then until clients have moved away (no client
+	// request for a while, or at most a bound).
+	// +optional
+	DrainedAt *metav1.Time `json:"drainedAt,omitempty"`
 	// Replicas is the number of Raft members (the scale subresource's status).
 	// +optional
 	Replicas int32 `json:"replicas,omitempty"`

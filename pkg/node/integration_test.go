@@ -349,6 +349,11 @@ func TestMetricsAndHealth(t *testing.T) {
 		checkGet(t, cl, fmt.Sprintf("m-%02d", i), strings.Repeat("x", 100))
 	}
 
+	// Client activity in the Admin status: none yet at the spare group.
+	if ms, err := adminStatus(context.Background(), g2.grpc); err != nil || ms.ClientIdleMs != nil {
+		t.Fatalf("spare group before any client request: client_idle_ms %v (%v), want absent", ms.GetClientIdleMs(), err)
+	}
+
 	// Join the spare group: half the shards migrate to it.
 	cc, err := ctrlerclient.New(c.ctrl)
 	if err != nil {
@@ -395,6 +400,10 @@ func TestMetricsAndHealth(t *testing.T) {
 	_, err = shardkvpb.NewKVClient(conn).Get(ctx, &shardkvpb.GetRequest{Key: []byte(wrongKey)})
 	if shardkvpb.Reason(err) != shardkvpb.ReasonWrongGroup {
 		t.Fatalf("Get %s at group 1: %v; want WRONG_GROUP", wrongKey, err)
+	}
+	// That refused Get counts as client activity: it came just now.
+	if ms, err := adminStatus(ctx, g1.grpc); err != nil || ms.ClientIdleMs == nil || *ms.ClientIdleMs > 5000 {
+		t.Fatalf("group 1 after a client request: client_idle_ms %v (%v), want under 5s", ms.GetClientIdleMs(), err)
 	}
 
 	m1 := metrics(t, "http://"+g1.http+"/metrics")

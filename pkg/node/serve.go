@@ -236,6 +236,30 @@ type Node struct {
 	bgWG       sync.WaitGroup
 	servedGRPC chan error
 	inflight   atomic.Int64 // client requests being served (see track)
+	// lastClient is when the last client request arrived (unix ns; 0:
+	// none yet): a KV read or write over gRPC, or Redis commands.
+	lastClient atomic.Int64
+}
+
+// clientMethods are the KV calls clients make (not the groups' own
+// FetchShard and ShardInstalled, nor status reads).
+var clientMethods = map[string]bool{
+	shardkvpb.KV_Get_FullMethodName: true, shardkvpb.KV_Write_FullMethodName: true,
+	shardkvpb.KV_MultiGet_FullMethodName: true, shardkvpb.KV_MultiWrite_FullMethodName: true,
+	shardkvpb.KV_GetElems_FullMethodName: true,
+}
+
+func (n *Node) clientRequest() { n.lastClient.Store(time.Now().UnixNano()) }
+
+// annotateStatus adds the process's own facts to the replica's Admin
+// status: its Redis addresses (the engine knows no Redis; kvctl looks them
+// up there for a join) and how long no client has sent it anything.
+func (n *Node) annotateStatus(st *shardkvpb.MemberStatus) {
+	st.RespAddr, st.RespTlsAddr = n.opts.RESPAdvertise, n.opts.RESPTLSAdvertise
+	if last := n.lastClient.Load(); last != 0 {
+		ms := uint64(max(time.Since(time.Unix(0, last)).Milliseconds(), 0))
+		st.ClientIdleMs = &ms
+	}
 }
 
 // longLived are the streams that stay open for as long as the peer runs:
@@ -246,7 +270,10 @@ var longLived = map[string]bool{
 	shardkvpb.Controller_Watch_FullMethodName: true,
 }
 
-func (n *Node) trackUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+func (n *Node) trackUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if clientMethods[info.FullMethod] {
+		n.clientRequest()
+	}
 	n.inflight.Add(1)
 	defer n.inflight.Add(-1)
 	return h(ctx, req)
@@ -302,10 +329,8 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 		SnapshotEntries: o.SnapshotEntries, TrailingEntries: o.TrailingEntries,
 		MaxCommandBytes: max(raftgroup.DefaultMaxCommandBytes, shardkv.EntryBytesFor(o.MaxValueBytes, shardkv.DefaultMaxKeyBytes)),
 		PeerCredentials: sec.creds(sec.member())}
-	if o.RESPAdvertise != "" || o.RESPTLSAdvertise != "" {
-		// The engine knows no Redis: it reports the address it is given in
-		// its Admin status, where kvctl looks it up for a join.
-		cfg.AnnotateStatus = func(st *shardkvpb.MemberStatus) { st.RespAddr, st.RespTlsAddr = o.RESPAdvertise, o.RESPTLSAdvertise }
+	if o.Role == "group" {
+		cfg.AnnotateStatus = n.annotateStatus
 	}
 	var sm raftgroup.StateMachine
 	if o.Role == "ctrler" {
@@ -360,7 +385,7 @@ func Start(ctx context.Context, o *Options, log *slog.Logger) (*Node, error) {
 			}
 			n.resp = resp.New(resp.Config{Advertise: o.RESPAdvertise, TLSAdvertise: o.RESPTLSAdvertise, Password: o.RequirePass, MaxClients: o.RESPMaxClients, MaxRequestBytes: o.RESPMaxRequestBytes,
 				MaxBulkBytes: o.RESPMaxBulkBytes, InputBudgetBytes: o.RESPInputBudget, OutputBudgetBytes: o.RESPOutputBudget, IdleTimeout: o.RESPTimeout,
-				MaxValueBytes: o.MaxValueBytes, WriteTimeout: o.RESPWriteTimeout, Logger: log.With("api", "resp")}, n.group)
+				MaxValueBytes: o.MaxValueBytes, WriteTimeout: o.RESPWriteTimeout, Logger: log.With("api", "resp"), OnCommands: n.clientRequest}, n.group)
 			if lns[0] != nil {
 				go n.resp.Serve(lns[0])
 			}

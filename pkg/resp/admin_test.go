@@ -229,6 +229,19 @@ func (e *env) testLimits(t *testing.T) {
 	g := e.w.Group(gA, e.leader(gA))
 	k := e.keyIn(gA, "lim:")
 
+	// Client activity: the hook runs as commands arrive, not before.
+	var batches atomic.Int64
+	_, actAddr := extraServer(t, resp.Config{OnCommands: func() { batches.Add(1) }}, g)
+	act := dial(t, actAddr)
+	if n := batches.Load(); n != 0 {
+		t.Errorf("OnCommands ran %d times before any command", n)
+	}
+	expect(t, act.do("ping"), status("PONG"))
+	if n := batches.Load(); n < 1 {
+		t.Errorf("OnCommands ran %d times after a command", n)
+	}
+	act.c.Close()
+
 	// Max clients: the next client gets Redis's error and is closed.
 	s, addr := extraServer(t, resp.Config{MaxClients: 2}, g)
 	a, b := dial(t, addr), dial(t, addr)

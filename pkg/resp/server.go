@@ -202,6 +202,10 @@ type Config struct {
 	// module version from the build info).
 	Version string
 	Logger  *slog.Logger
+	// OnCommands, if set, is called as each batch of commands arrives from
+	// a client: the process tracks client activity with it (a drained
+	// group's pods stay until clients have moved away).
+	OnCommands func()
 }
 
 // Stats are the server's counters (INFO clients and stats).
@@ -641,6 +645,9 @@ func (c *conn) serve() {
 		if err != nil {
 			c.q.finish(c.readFailed(err))
 			return
+		}
+		if c.s.cfg.OnCommands != nil {
+			c.s.cfg.OnCommands()
 		}
 		args := make([][][]byte, len(cmds))
 		for i, cmd := range cmds {

@@ -420,7 +420,12 @@ type MemberStatus struct {
 	// This replica's advertised Redis address, if it serves one.
 	RespAddr string `protobuf:"bytes,15,opt,name=resp_addr,json=respAddr,proto3" json:"resp_addr,omitempty"`
 	// Its advertised Redis-over-TLS address, if it serves one.
-	RespTlsAddr   string `protobuf:"bytes,16,opt,name=resp_tls_addr,json=respTlsAddr,proto3" json:"resp_tls_addr,omitempty"`
+	RespTlsAddr string `protobuf:"bytes,16,opt,name=resp_tls_addr,json=respTlsAddr,proto3" json:"resp_tls_addr,omitempty"`
+	// Milliseconds since this replica last received a client request (a KV
+	// read or write over gRPC, or a batch of Redis commands); absent if none
+	// since it started. A drained group's pods stay until clients have moved
+	// away: the operator waits for this to grow.
+	ClientIdleMs  *uint64 `protobuf:"varint,17,opt,name=client_idle_ms,json=clientIdleMs,proto3,oneof" json:"client_idle_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -565,6 +570,13 @@ func (x *MemberStatus) GetRespTlsAddr() string {
 		return x.RespTlsAddr
 	}
 	return ""
+}
+
+func (x *MemberStatus) GetClientIdleMs() uint64 {
+	if x != nil && x.ClientIdleMs != nil {
+		return *x.ClientIdleMs
+	}
+	return 0
 }
 
 type Counters struct {
@@ -978,7 +990,7 @@ const file_replica_proto_rawDesc = "" +
 	"\x05match\x18\x04 \x01(\x04R\x05match\x12%\n" +
 	"\fheard_ms_ago\x18\x05 \x01(\x04H\x00R\n" +
 	"heardMsAgo\x88\x01\x01B\x0f\n" +
-	"\r_heard_ms_ago\"\xe8\x03\n" +
+	"\r_heard_ms_ago\"\xa6\x04\n" +
 	"\fMemberStatus\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\x04R\agroupId\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
@@ -999,7 +1011,9 @@ const file_replica_proto_rawDesc = "" +
 	"\amembers\x18\r \x03(\v2\x12.shardkv.v1.MemberR\amembers\x120\n" +
 	"\bcounters\x18\x0e \x01(\v2\x14.shardkv.v1.CountersR\bcounters\x12\x1b\n" +
 	"\tresp_addr\x18\x0f \x01(\tR\brespAddr\x12\"\n" +
-	"\rresp_tls_addr\x18\x10 \x01(\tR\vrespTlsAddr\"\xeb\x02\n" +
+	"\rresp_tls_addr\x18\x10 \x01(\tR\vrespTlsAddr\x12)\n" +
+	"\x0eclient_idle_ms\x18\x11 \x01(\x04H\x00R\fclientIdleMs\x88\x01\x01B\x11\n" +
+	"\x0f_client_idle_ms\"\xeb\x02\n" +
 	"\bCounters\x12\x1c\n" +
 	"\tproposals\x18\x01 \x01(\x04R\tproposals\x12)\n" +
 	"\x10proposals_failed\x18\x02 \x01(\x04R\x0fproposalsFailed\x12\x16\n" +
@@ -1094,6 +1108,7 @@ func file_replica_proto_init() {
 		return
 	}
 	file_replica_proto_msgTypes[5].OneofWrappers = []any{}
+	file_replica_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
