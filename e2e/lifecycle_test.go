@@ -55,20 +55,7 @@ spec:
 	e.soloGroup(t, "solo-a", "")
 	e.waitSettled(t, settle, solo, map[string]int{"solo-a": 1})
 	e.k(t, "delete", "replicagroup/solo-a", "--wait=false")
-	var msg string
-	e.eventually(t, 2*time.Minute, "deletion of the last group refused", func() (bool, string) {
-		rg := e.group(t, "solo-a")
-		if rg == nil {
-			return false, "solo-a is gone: the deletion was executed"
-		}
-		c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionDraining)
-		if c == nil {
-			return false, "no Draining condition yet"
-		}
-		msg = c.Message
-		return c.Reason == "LastGroupHoldsData", fmt.Sprintf("Draining=%s reason=%s: %s", c.Status, c.Reason, c.Message)
-	})
-	t.Logf("condition message: %s", msg)
+	e.waitCondition(t, "solo-a", shardkvv1.ConditionDraining, "False", "LastGroupHoldsData", "last group")
 	e.checkEvents(t, "solo-a", "LastGroupHoldsData")
 	// It stays refused, and the group keeps serving its shards.
 	time.Sleep(10 * time.Second)
@@ -103,21 +90,7 @@ func (e *env) recreateOnRetainedVolume(t *testing.T) {
 		t.Fatalf("the retained volume: %v", err)
 	}
 	e.soloGroup(t, "solo-a", "")
-	var msg string
-	e.eventually(t, 2*time.Minute, "solo-a refuses the retained volume", func() (bool, string) {
-		rg := e.group(t, "solo-a")
-		if rg == nil {
-			return false, "no solo-a"
-		}
-		c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionProgressing)
-		if c == nil {
-			return false, "no Progressing condition"
-		}
-		msg = c.Message
-		return c.Reason == "RetainedVolumes" && c.Status == "False" && strings.Contains(c.Message, "data-solo-a-0"),
-			fmt.Sprintf("Progressing=%s %s: %s", c.Status, c.Reason, c.Message)
-	})
-	t.Logf("condition message: %s", msg)
+	e.waitCondition(t, "solo-a", shardkvv1.ConditionProgressing, "False", "RetainedVolumes", "data-solo-a-0")
 	e.checkEvents(t, "solo-a", "RetainedVolumes")
 	// No pod is started on it, and the volume is untouched.
 	time.Sleep(5 * time.Second)
@@ -190,17 +163,7 @@ func (e *env) deleteDecidedByReports(t *testing.T) {
 	e.scaleOperator(t, 1)
 	operatorUp = true
 
-	e.eventually(t, 2*time.Minute, "solo-a waits for its shards to be pulled", func() (bool, string) {
-		rg := e.group(t, "solo-a")
-		if rg == nil {
-			return false, "solo-a is gone: deleted while its shards waited to be pulled"
-		}
-		c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionDraining)
-		if c == nil {
-			return false, "no Draining condition"
-		}
-		return c.Reason == "WaitingForDrain" && strings.Contains(c.Message, "BePulling"), fmt.Sprintf("%s: %s", c.Reason, c.Message)
-	})
+	e.waitCondition(t, "solo-a", shardkvv1.ConditionDraining, "True", "WaitingForDrain", "BePulling")
 	// And it stays: nothing lets it go while solo-b is down.
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
@@ -265,4 +228,26 @@ func containsPrefix(list []string, prefix string) bool {
 		}
 	}
 	return false
+}
+
+// waitCondition waits until ReplicaGroup name's condition typ has status
+// and reason and a message that contains sub, and logs the message. The
+// group gone fails it.
+func (e *env) waitCondition(t *testing.T, name, typ, status, reason, sub string) {
+	t.Helper()
+	var msg string
+	e.eventually(t, 2*time.Minute, fmt.Sprintf("%s: %s %s %s", name, typ, status, reason), func() (bool, string) {
+		rg := e.group(t, name)
+		if rg == nil {
+			return false, name + " is gone"
+		}
+		c := meta.FindStatusCondition(rg.Status.Conditions, typ)
+		if c == nil {
+			return false, "no " + typ + " condition"
+		}
+		msg = c.Message
+		return string(c.Status) == status && c.Reason == reason && strings.Contains(c.Message, sub),
+			fmt.Sprintf("%s=%s %s: %s", typ, c.Status, c.Reason, c.Message)
+	})
+	t.Logf("%s %s: %s", typ, reason, msg)
 }
