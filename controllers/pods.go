@@ -63,9 +63,9 @@ func podNameEnv() corev1.EnvVar {
 
 // httpProbe probes /healthz, which answers while the process runs and needs
 // no leader: a group without quorum keeps its pods in the Service's DNS.
-func httpProbe(initialDelay, period, timeout, failures int32) *corev1.Probe {
+func httpProbe(path string, initialDelay, period, timeout, failures int32) *corev1.Probe {
 	return &corev1.Probe{
-		ProbeHandler:        corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("http")}},
+		ProbeHandler:        corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromString("http")}},
 		InitialDelaySeconds: initialDelay,
 		PeriodSeconds:       period,
 		TimeoutSeconds:      timeout,

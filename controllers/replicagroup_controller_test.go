@@ -101,7 +101,8 @@ func TestReplicaGroupObjectsAndGroupIDs(t *testing.T) {
 		t.Fatalf("args\n got %q\nwant %q", c.Args, wantArgs)
 	}
 	if c.Image != testImage || c.ImagePullPolicy != corev1.PullIfNotPresent || c.Env[0].Name != "POD_NAME" ||
-		c.Env[0].ValueFrom.FieldRef.FieldPath != "metadata.name" || c.ReadinessProbe.HTTPGet.Path != "/healthz" ||
+		c.Env[0].ValueFrom.FieldRef.FieldPath != "metadata.name" || c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/healthz" ||
+		c.TerminationMessagePolicy != corev1.TerminationMessageFallbackToLogsOnError ||
 		c.Resources.Requests.Cpu().String() != "250m" {
 		t.Fatalf("container %+v", c)
 	}

@@ -203,11 +203,16 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 				Args:    nodeArgs(rg, sm, gid, bootstrap),
 				Env:     groupEnv(rg),
 				Ports:   containerPorts(slices.Concat([]string{"grpc"}, respPorts(sm), []string{"http"})...),
-				// /healthz answers while the process runs: it needs no
-				// leader, so a group that lost quorum still gets its pods
-				// in the Service's DNS.
-				ReadinessProbe:  httpProbe(0, 5, 2, 3),
-				LivenessProbe:   httpProbe(10, 10, 2, 6),
+				// Ready is Raft health (/readyz): a member that hears its
+				// leader, applied to within 1000 entries of the leader's
+				// commit, and knows the latest config. So a joining,
+				// lagging or cut-off replica is not counted by the
+				// PodDisruptionBudget, and a roll waits for each pod to be
+				// caught up. The Service publishes pods that are not ready
+				// (a group without quorum still resolves its peers), and
+				// liveness is only "the process answers" (/healthz).
+				ReadinessProbe:  httpProbe("/readyz", 0, 2, 2, 3),
+				LivenessProbe:   httpProbe("/healthz", 10, 10, 2, 6),
 				Resources:       *rg.Spec.Resources.DeepCopy(),
 				VolumeMounts:    []corev1.VolumeMount{{Name: dataVolume, MountPath: "/data"}},
 				SecurityContext: nodeContainerSecurityContext(),

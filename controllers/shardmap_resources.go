@@ -116,8 +116,8 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 				// /healthz answers while the process runs. Readiness must
 				// not need a leader (/readyz does): a bootstrapping group
 				// has none until a quorum of pods runs.
-				ReadinessProbe:  httpProbe(0, 5, 2, 3),
-				LivenessProbe:   httpProbe(10, 10, 5, 6),
+				ReadinessProbe:  httpProbe("/healthz", 0, 5, 2, 3),
+				LivenessProbe:   httpProbe("/healthz", 10, 10, 5, 6),
 				Resources:       *sm.Spec.Controller.Resources.DeepCopy(),
 				VolumeMounts:    []corev1.VolumeMount{{Name: dataVolume, MountPath: "/data"}},
 				SecurityContext: nodeContainerSecurityContext(),

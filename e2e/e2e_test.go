@@ -82,6 +82,8 @@ func TestE2E(t *testing.T) {
 		e.workloadsProgress(t)
 	})
 
+	run("ReadinessIsRaftHealth", func(t *testing.T) { e.readinessIsRaftHealth(t) })
+
 	run("AddGroup", func(t *testing.T) {
 		// Data to move, so the migration lasts long enough to be seen.
 		e.fill(t, dataSet{sm: sm, ctrlers: 3, prefix: "e2e-fill-a:", keys: 20000, valueSize: 1024}, 1)

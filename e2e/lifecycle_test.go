@@ -10,6 +10,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -250,4 +251,67 @@ func (e *env) waitCondition(t *testing.T, name, typ, status, reason, sub string)
 			fmt.Sprintf("%s=%s %s: %s", typ, c.Status, c.Reason, c.Message)
 	})
 	t.Logf("%s %s: %s", typ, reason, msg)
+}
+
+// readinessIsRaftHealth: a pod that is not a member of its group is not
+// Ready, so the group's PodDisruptionBudget does not count it. Here
+// demo-a's StatefulSet is grown to 4 by hand while the ShardMap is paused:
+// demo-a-3 starts on the volume ScaleGroup's scale-in left (a removed
+// replica) and is never added. Counted as available (readiness as "the
+// process answers"), it would let the budget (2 of 3 voters) allow two
+// evictions among the three voters: a lost quorum.
+func (e *env) readinessIsRaftHealth(t *testing.T) {
+	const g = "demo-a"
+	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", `{"spec":{"paused":true}}`)
+	paused := true
+	defer func() {
+		if paused {
+			e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", `{"spec":{"paused":false}}`)
+		}
+	}()
+	e.k(t, "scale", "statefulset/"+g, "--replicas=4")
+	pod := g + "-3"
+	e.eventually(t, 2*time.Minute, pod+" running", func() (bool, string) {
+		var p corev1.Pod
+		if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: pod}, &p); err != nil {
+			return false, err.Error()
+		}
+		for _, c := range p.Status.ContainerStatuses {
+			if c.Started != nil && *c.Started && c.State.Running != nil {
+				return true, "running"
+			}
+		}
+		return false, string(p.Status.Phase)
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		var p corev1.Pod
+		if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: pod}, &p); err != nil {
+			t.Fatalf("%s: %v", pod, err)
+		}
+		if podReady(p) {
+			t.Fatalf("%s is Ready, but it is not a member of %s", pod, g)
+		}
+		var pdb policyv1.PodDisruptionBudget
+		if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: g}, &pdb); err != nil {
+			t.Fatalf("pdb %s: %v", g, err)
+		}
+		if pdb.Status.CurrentHealthy != 3 || pdb.Status.DisruptionsAllowed != 1 {
+			t.Fatalf("pdb %s: %d healthy, %d disruptions allowed; want 3 and 1 (the three voters, one may go)",
+				g, pdb.Status.CurrentHealthy, pdb.Status.DisruptionsAllowed)
+		}
+		time.Sleep(2 * time.Second)
+	}
+	for _, ev := range e.events(t, "Pod", pod, e.scenarioStart) {
+		if strings.HasPrefix(ev, "Unhealthy\t") {
+			t.Logf("%s: %s", pod, ev)
+			break
+		}
+	}
+	e.k(t, "scale", "statefulset/"+g, "--replicas=3")
+	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", `{"spec":{"paused":false}}`)
+	paused = false
+	e.waitSettled(t, settle, sm, map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 3})
+	e.checkMembersMatchPods(t, g)
+	e.workloadsProgress(t)
 }

@@ -457,30 +457,58 @@ func (n *Node) followController(ctx context.Context) {
 
 // Readiness lists the conditions /readyz waits for; empty means ready.
 func (n *Node) Readiness() []string {
+	var latest time.Time
+	if at := n.latestAt.Load(); at != 0 {
+		latest = time.Unix(0, at)
+	}
+	return readiness(n.replica.Status(), readinessFacts{
+		stopping: n.stopping.Load(), group: n.opts.Role == "group", latestConfigAt: latest,
+		ctrlerUninitialized: n.opts.Role == "ctrler" && !n.ctrlSM.Initialized(), now: time.Now()})
+}
+
+// maxApplyLag is how far (in log entries) a ready replica's applied index
+// may trail the leader's commit: the operator's bound for "caught up" too.
+const maxApplyLag = 1000
+
+// maxLeaderSilence is how long a ready follower may go without a message
+// from its leader (heartbeats come every 100ms).
+const maxLeaderSilence = 3 * time.Second
+
+// readinessFacts are what readiness needs besides the replica's status.
+type readinessFacts struct {
+	stopping, group, ctrlerUninitialized bool
+	latestConfigAt, now                  time.Time
+}
+
+// readiness: ready means a member that follows a leader it hears from, with
+// its log applied to within maxApplyLag of the leader's commit (not only of
+// its own, which lags with it), and, for a data group, the latest config
+// learned from the controller lately. The kubelet's readiness, and so the
+// PodDisruptionBudgets, count only such replicas.
+func readiness(st raftgroup.Status, f readinessFacts) []string {
 	var waiting []string
-	if n.stopping.Load() {
+	if f.stopping {
 		waiting = append(waiting, "shutting down")
 	}
-	st := n.replica.Status()
 	switch {
 	case st.Role == "removed":
 		waiting = append(waiting, "removed from its group")
 	case st.Role == "joining":
 		waiting = append(waiting, "not yet a member of its group (waiting to be added)")
 	}
-	if st.Leader == 0 {
+	switch {
+	case st.Leader == 0:
 		waiting = append(waiting, "no leader known")
+	case st.HeardLeaderAgo > maxLeaderSilence:
+		waiting = append(waiting, fmt.Sprintf("has not heard from its leader for %s", st.HeardLeaderAgo.Round(100*time.Millisecond)))
 	}
-	if st.Commit > st.Applied+1000 || st.Commit == 0 {
-		waiting = append(waiting, fmt.Sprintf("applying its log (applied %d of %d)", st.Applied, st.Commit))
+	if commit := max(st.Commit, st.LeaderCommit); commit > st.Applied+maxApplyLag || commit == 0 {
+		waiting = append(waiting, fmt.Sprintf("applying its log (applied %d of the leader's %d)", st.Applied, commit))
 	}
-	if n.opts.Role == "group" {
-		at := n.latestAt.Load()
-		if at == 0 || time.Since(time.Unix(0, at)) > 10*time.Second {
-			waiting = append(waiting, "has not reached the controller to learn the latest config")
-		}
+	if f.group && (f.latestConfigAt.IsZero() || f.now.Sub(f.latestConfigAt) > 10*time.Second) {
+		waiting = append(waiting, "has not reached the controller to learn the latest config")
 	}
-	if n.opts.Role == "ctrler" && !n.ctrlSM.Initialized() {
+	if f.ctrlerUninitialized {
 		waiting = append(waiting, "cluster not initialised yet")
 	}
 	return waiting

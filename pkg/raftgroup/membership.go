@@ -170,6 +170,13 @@ type Status struct {
 	Term, Commit, Applied, SnapshotIndex uint64
 	FirstIndex, LastIndex                uint64
 	Members                              []Member
+	// LeaderCommit is the highest commit index a leader has sent this
+	// replica (its own commit on the leader): how far it is behind the
+	// group, which its own Commit does not show while it lags.
+	LeaderCommit uint64
+	// HeardLeaderAgo is the time since the last Raft message from the
+	// leader it knows (0 on the leader, -1 if it knows none).
+	HeardLeaderAgo time.Duration
 }
 
 // Status reports this replica's role, indexes and the members it knows.
@@ -177,6 +184,14 @@ func (r *Replica) Status() Status {
 	st := Status{GroupID: r.cfg.GroupID, ID: r.cfg.ID, Addr: r.cfg.Addr, Term: r.term.Load(),
 		Commit: r.commit.Load(), Applied: r.applied.Load(), SnapshotIndex: r.store.snapshotIndex()}
 	st.Leader, st.LeaderAddr = r.Leader()
+	st.LeaderCommit, st.HeardLeaderAgo = max(r.leaderCommit.Load(), st.Commit), -1
+	switch st.Leader {
+	case 0:
+	case r.cfg.ID:
+		st.HeardLeaderAgo = 0
+	default:
+		st.HeardLeaderAgo = r.heard.ago(st.Leader)
+	}
 	st.FirstIndex, _ = r.store.FirstIndex()
 	st.LastIndex, _ = r.store.LastIndex()
 	var progress map[uint64]uint64

@@ -255,3 +255,26 @@ func TestStatusHeardAgo(t *testing.T) {
 	c.Start(down)
 	engWaitFor(t, fmt.Sprintf("member %d heard again", down), func() bool { return heard(down) < 500*time.Millisecond })
 }
+
+// TestStatusLeaderCommit: a follower knows the leader's commit index and
+// when it last heard from the leader; the leader reports its own.
+func TestStatusLeaderCommit(t *testing.T) {
+	c := rgtest.NewCluster(t, 3, rgtest.Options{})
+	l := c.WaitLeader(engHang)
+	for i := range 20 {
+		engPropose(t, c, rgtest.EncodeAppend("k", fmt.Sprint(i)))
+	}
+	if st := c.Replica(l).Status(); st.HeardLeaderAgo != 0 || st.LeaderCommit != st.Commit {
+		t.Fatalf("leader: heard %v, leader commit %d, commit %d", st.HeardLeaderAgo, st.LeaderCommit, st.Commit)
+	}
+	engWaitFor(t, "followers know the leader's commit and heard it lately", func() bool {
+		commit := c.Replica(l).Status().Commit
+		for _, id := range c.IDs() {
+			st := c.Replica(id).Status()
+			if id != l && (st.LeaderCommit < commit || st.HeardLeaderAgo < 0 || st.HeardLeaderAgo > 500*time.Millisecond) {
+				return false
+			}
+		}
+		return true
+	})
+}

@@ -47,7 +47,11 @@ type Replica struct {
 	leader    atomic.Uint64
 	term      atomic.Uint64
 	commit    atomic.Uint64
-	stateType atomic.Int32 // raft.StateType
+	// leaderCommit is the highest commit index a leader has sent this
+	// replica (MsgApp and MsgHeartbeat carry it): a follower that lags in
+	// replication has a local commit that lags too, this does not.
+	leaderCommit atomic.Uint64
+	stateType    atomic.Int32 // raft.StateType
 	removed   atomic.Bool
 	roleMu    sync.Mutex
 	rolec     chan struct{} // closed and replaced when the role changes (RoleChanged)

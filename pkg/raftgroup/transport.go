@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -322,12 +323,25 @@ func (s *raftServer) Send(stream shardkvpb.Raft_SendServer) error {
 				s.r.metrics.MessagesDropped.Add(1)
 				continue
 			}
+			if t := m.GetType(); t == pb.MsgApp || t == pb.MsgHeartbeat {
+				storeMax(&s.r.leaderCommit, m.GetCommit())
+			}
 			if err := s.r.node.Step(ctx, m); err != nil {
 				if err == raft.ErrStopped {
 					return status.Error(codes.Unavailable, "replica stopped")
 				}
 				return err
 			}
+		}
+	}
+}
+
+// storeMax raises v to x if x is larger.
+func storeMax(v *atomic.Uint64, x uint64) {
+	for {
+		old := v.Load()
+		if x <= old || v.CompareAndSwap(old, x) {
+			return
 		}
 	}
 }
