@@ -86,7 +86,7 @@ func TestE2E(t *testing.T) {
 
 	run("AddGroup", func(t *testing.T) {
 		// Data to move, so the migration lasts long enough to be seen.
-		e.fill(t, dataSet{sm: sm, ctrlers: 3, prefix: "e2e-fill-a:", keys: 20000, valueSize: 1024}, 1)
+		e.fill(t, dataSet{sm: sm, ctrlers: 3, prefix: "e2e-fill-a:", keys: 5000, valueSize: 1024}, 1)
 		stop := e.watchMigrations(t, sm)
 		e.applyGroup(t, "demo-d", 3, "Delete")
 		e.eventually(t, settle, "demo-d joined and shards balanced", func() (bool, string) {
@@ -110,7 +110,7 @@ func TestE2E(t *testing.T) {
 	})
 
 	run("LiveMove", func(t *testing.T) {
-		// One shard large enough (about 16 MB, many snapshot chunks) that
+		// One shard large enough (about 10 MB, many snapshot chunks) that
 		// the sample's copy rate limit (512 KiB/s) stretches its copy over
 		// tens of seconds: status.migrations shows its progress mid-way,
 		// under the running workloads. It goes to demo-d (pinned there
@@ -125,7 +125,7 @@ func TestE2E(t *testing.T) {
 				tag, shard = c, s
 			}
 		}
-		e.fill(t, dataSet{sm: sm, ctrlers: 3, prefix: tag, keys: 1000, valueSize: 16384}, 1)
+		e.fill(t, dataSet{sm: sm, ctrlers: 3, prefix: tag, keys: 600, valueSize: 16384}, 1)
 		stop := e.watchMigrations(t, sm)
 		out := e.k(t, "exec", controllers.CtrlerName(sm)+"-0", "-c", "node", "--", "/kvctl", "--ctrler="+e.ctrlerAddrs(sm, 3),
 			"move", fmt.Sprint(shard), fmt.Sprint(target))
