@@ -43,19 +43,19 @@ type Replica struct {
 	logSizes       []entrySize
 	bytesSinceSnap uint64
 
-	applied   atomic.Uint64 // max(raft applied, smApplied): reads wait on it
-	leader    atomic.Uint64
-	term      atomic.Uint64
-	commit    atomic.Uint64
+	applied atomic.Uint64 // max(raft applied, smApplied): reads wait on it
+	leader  atomic.Uint64
+	term    atomic.Uint64
+	commit  atomic.Uint64
 	// leaderCommit is the highest commit index a leader has sent this
 	// replica (MsgApp and MsgHeartbeat carry it): a follower that lags in
 	// replication has a local commit that lags too, this does not.
 	leaderCommit atomic.Uint64
 	stateType    atomic.Int32 // raft.StateType
-	removed   atomic.Bool
-	roleMu    sync.Mutex
-	rolec     chan struct{} // closed and replaced when the role changes (RoleChanged)
-	ledUntil  time.Time     // when it last stopped leading (LedUntil)
+	removed      atomic.Bool
+	roleMu       sync.Mutex
+	rolec        chan struct{} // closed and replaced when the role changes (RoleChanged)
+	ledUntil     time.Time     // when it last stopped leading (LedUntil)
 
 	membersMu sync.RWMutex
 	members   map[uint64]string // id -> advertised address
