@@ -302,12 +302,14 @@ func (e *env) readinessIsRaftHealth(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second)
 	}
+	// What the kubelet's last failed probe got: /readyz's reason.
+	last := ""
 	for _, ev := range e.events(t, "Pod", pod, e.scenarioStart) {
 		if strings.HasPrefix(ev, "Unhealthy\t") {
-			t.Logf("%s: %s", pod, ev)
-			break
+			last = ev
 		}
 	}
+	t.Logf("%s: %s", pod, last)
 	e.k(t, "scale", "statefulset/"+g, "--replicas=3")
 	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", `{"spec":{"paused":false}}`)
 	paused = false
