@@ -34,7 +34,7 @@ func (c *loggedCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.Auth
 	out, info, err := c.TransportCredentials.ServerHandshake(conn)
 	if err != nil {
 		host, _, _ := net.SplitHostPort(conn.RemoteAddr().String())
-		c.refusals.Refuse("handshake "+host+" "+err.Error(), "TLS handshake refused", "peer", host, "err", err)
+		c.refusals.Refuse("handshake "+host+" "+RefusalKind(err), "TLS handshake refused", "peer", host, "err", err)
 	}
 	return out, info, err
 }

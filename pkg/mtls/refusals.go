@@ -1,6 +1,9 @@
 package mtls
 
 import (
+	"crypto/x509"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -56,4 +59,15 @@ func (r *Refusals) Refuse(key, msg string, attrs ...any) {
 		attrs = append(attrs, "more_since_last_logged", quiet)
 	}
 	r.log.Warn(msg, attrs...)
+}
+
+// RefusalKind is what a refused handshake's error says, without what
+// changes from one attempt to the next (an expired certificate's error
+// names the current time): the part of a refusal's key that says why.
+func RefusalKind(err error) string {
+	var invalid x509.CertificateInvalidError
+	if errors.As(err, &invalid) {
+		return fmt.Sprintf("invalid certificate (x509 reason %d)", invalid.Reason)
+	}
+	return err.Error()
 }

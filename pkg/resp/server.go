@@ -412,7 +412,7 @@ func (s *Server) handshake(nc net.Conn, cfg *tls.Config) {
 	cancel()
 	if err != nil {
 		host, _, _ := net.SplitHostPort(nc.RemoteAddr().String())
-		s.tlsRefusals.Refuse(host+" "+err.Error(), "Redis TLS handshake refused", "peer", host, "err", err)
+		s.tlsRefusals.Refuse(host+" "+mtls.RefusalKind(err), "Redis TLS handshake refused", "peer", host, "err", err)
 		nc.Close()
 		return
 	}

@@ -202,26 +202,36 @@ func TestLinearizabilityReconfig(t *testing.T) {
 
 	// Reconfigure in the test goroutine (World's Join and Leave may
 	// t.Fatal): one group joins or leaves every ~1.5 s, at least one group
-	// stays.
+	// stays. Every round changes something (a group that may leave, or one
+	// that is out), and the run goes on past slinRunFor until there were
+	// slinMinConfigs changes: on a loaded machine rounds take longer, and
+	// picking a group that could not change used to waste rounds (CI once
+	// saw 3 changes in 15 s).
 	rng := rand.New(rand.NewPCG(rand.Uint64(), 3))
 	in := map[uint64]bool{100: true, 101: true}
 	var changes []string
-	deadline := time.Now().Add(slinRunFor)
-	for time.Now().Before(deadline) {
+	runStart := time.Now()
+	deadline := runStart.Add(slinRunFor)
+	for time.Now().Before(deadline) || (len(changes) < slinMinConfigs && time.Since(runStart) < 4*slinRunFor) {
 		time.Sleep(time.Second + time.Duration(rng.Int64N(int64(time.Second))))
-		gid := gids[rng.IntN(len(gids))]
-		start := rec.Now()
-		if in[gid] && len(in) > 1 {
+		var can []uint64
+		for _, g := range gids {
+			if !in[g] || len(in) > 1 {
+				can = append(can, g)
+			}
+		}
+		gid := can[rng.IntN(len(can))]
+		start, t0 := rec.Now(), time.Now()
+		if in[gid] {
 			conf := w.Leave(gid)
 			delete(in, gid)
 			changes = append(changes, fmt.Sprintf("leave %d -> config %d %v", gid, conf.Num, conf.Shards))
-		} else if !in[gid] {
+		} else {
 			conf := w.Join(gid)
 			in[gid] = true
 			changes = append(changes, fmt.Sprintf("join %d -> config %d %v", gid, conf.Num, conf.Shards))
-		} else {
-			continue
 		}
+		changes[len(changes)-1] += fmt.Sprintf(" (%v, at %v)", time.Since(t0).Round(time.Millisecond), t0.Sub(runStart).Round(100*time.Millisecond))
 		notes = append(notes, kvcheck.Note{Tag: "config", Start: start, End: rec.Now(), Description: changes[len(changes)-1]})
 	}
 	close(stop)
