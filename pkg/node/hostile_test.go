@@ -872,10 +872,20 @@ func (h *hostile) pipelinedReadsPastMemory(t *testing.T) {
 		pipe.Set(ctx, ctr, i, 0)
 		pipe.Get(ctx, key)
 	}
+	// The group's term before and after tells a leader change from a
+	// timeout when a batch's outcome is unknown (CI saw one at command 65).
+	term := func() uint64 {
+		st, err := adminStatus(ctx, leader)
+		if err != nil {
+			return 0
+		}
+		return st.Term
+	}
+	term0 := term()
 	t0 := time.Now()
 	cmds, err := pipe.Exec(ctx)
-	t.Logf("%d (SET, GET of %d bytes) pairs: %v in %v; the leader's peak RSS %d MiB before, %d MiB after",
-		pairs, len(val), err, time.Since(t0).Round(time.Millisecond), hwm0>>10, procStatusKB(pid, "VmHWM")>>10)
+	t.Logf("%d (SET, GET of %d bytes) pairs: %v in %v; the leader's peak RSS %d MiB before, %d MiB after; its term %d before, %d after",
+		pairs, len(val), err, time.Since(t0).Round(time.Millisecond), hwm0>>10, procStatusKB(pid, "VmHWM")>>10, term0, term())
 	bad, late, lastSet := 0, 0, -1
 	for i, c := range cmds {
 		var got string
