@@ -769,8 +769,11 @@ func planLinger(o *observed) step {
 	var busy []string
 	for _, i := range slices.Sorted(maps.Keys(o.Pods)) {
 		p := o.Pods[i]
-		if st := p.Status; st != nil && st.ClientIdleMs != nil && time.Duration(*st.ClientIdleMs)*time.Millisecond < drainQuiet {
-			busy = append(busy, fmt.Sprintf("%s %s ago", p.Name, (time.Duration(*st.ClientIdleMs)*time.Millisecond).Round(100*time.Millisecond)))
+		if p.Status == nil || p.Status.ClientIdleMs == nil {
+			continue
+		}
+		if idle := time.Duration(*p.Status.ClientIdleMs) * time.Millisecond; idle < drainQuiet {
+			busy = append(busy, fmt.Sprintf("%s %s ago", p.Name, idle.Round(100*time.Millisecond)))
 		}
 	}
 	if len(busy) > 0 && lingered < drainLingerMax {

@@ -221,14 +221,6 @@ func (r *ShardMapReconciler) apiReader() client.Reader {
 	return r.Client
 }
 
-// clock is r.now, or the wall clock.
-func (r *ShardMapReconciler) clock() time.Time {
-	if r.now != nil {
-		return r.now()
-	}
-	return time.Now()
-}
-
 func (r *ShardMapReconciler) busyResync() time.Duration {
 	return orDefault(r.BusyResync, 3*time.Second)
 }

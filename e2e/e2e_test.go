@@ -88,7 +88,7 @@ func TestE2E(t *testing.T) {
 		// Data to move, so the migration lasts long enough to be seen.
 		e.fill(t, dataSet{sm: sm, ctrlers: 3, prefix: "e2e-fill-a:", keys: 5000, valueSize: 1024}, 1)
 		stop := e.watchMigrations(t, sm)
-		e.applyGroup(t, "demo-d", 3, "Delete")
+		e.applyGroup(t, sm, "demo-d", 3, "Delete", "256Mi")
 		e.eventually(t, settle, "demo-d joined and shards balanced", func() (bool, string) {
 			ok, sst := smSettled(e.shardMap(t, sm), 4)
 			rg := e.group(t, "demo-d")
@@ -127,8 +127,7 @@ func TestE2E(t *testing.T) {
 		}
 		e.fill(t, dataSet{sm: sm, ctrlers: 3, prefix: tag, keys: 600, valueSize: 16384}, 1)
 		stop := e.watchMigrations(t, sm)
-		out := e.k(t, "exec", controllers.CtrlerName(sm)+"-0", "-c", "node", "--", "/kvctl", "--ctrler="+e.ctrlerAddrs(sm, 3),
-			"move", fmt.Sprint(shard), fmt.Sprint(target))
+		out := e.k(t, e.kvctl(sm, 3, "move", fmt.Sprint(shard), fmt.Sprint(target))...)
 		t.Logf("kvctl move %d %d:\n%s", shard, target, out)
 		e.eventually(t, settle, fmt.Sprintf("shard %d served by group %d", shard, target), func() (bool, string) {
 			m := e.shardMap(t, sm)
@@ -309,6 +308,12 @@ func (e *env) deleteNamespace(t *testing.T) {
 	t.Errorf("namespace %s still exists after 3m", e.ns)
 }
 
+// kvctl is the kubectl arguments that run kvctl with args in ShardMap
+// sm's first controller pod, against its ctrlers controller replicas.
+func (e *env) kvctl(sm string, ctrlers int, args ...string) []string {
+	return append([]string{"exec", controllers.CtrlerName(sm) + "-0", "-c", "node", "--", "/kvctl", "--ctrler=" + e.ctrlerAddrs(sm, ctrlers)}, args...)
+}
+
 // dataSet is what one kvctl fill wrote: keys <prefix>0..keys-1 in
 // ShardMap sm, each with a value made from its name.
 type dataSet struct {
@@ -326,9 +331,7 @@ func (d dataSet) flags() []string {
 // reads every fill back at the end (ReadBack).
 func (e *env) fill(t *testing.T, d dataSet, passes int) {
 	t.Helper()
-	args := append([]string{"exec", controllers.CtrlerName(d.sm) + "-0", "-c", "node", "--", "/kvctl", "--ctrler=" + e.ctrlerAddrs(d.sm, d.ctrlers),
-		"fill", "--clients=16", fmt.Sprintf("--passes=%d", passes)}, d.flags()...)
-	out := e.k(t, args...)
+	out := e.k(t, e.kvctl(d.sm, d.ctrlers, append([]string{"fill", "--clients=16", fmt.Sprintf("--passes=%d", passes)}, d.flags()...)...)...)
 	t.Logf("fill %s: %s", d.prefix, strings.TrimSpace(out))
 	e.fills = append(e.fills, d)
 }
@@ -336,9 +339,7 @@ func (e *env) fill(t *testing.T, d dataSet, passes int) {
 // verify reads d back in full: every key there, with its value.
 func (e *env) verify(t *testing.T, d dataSet) {
 	t.Helper()
-	args := append([]string{"exec", controllers.CtrlerName(d.sm) + "-0", "-c", "node", "--", "/kvctl", "--ctrler=" + e.ctrlerAddrs(d.sm, d.ctrlers),
-		"verify", "--clients=16"}, d.flags()...)
-	out, err := e.kubectlErr(append([]string{"-n", e.ns}, args...)...)
+	out, err := e.kubectlErr(append([]string{"-n", e.ns}, e.kvctl(d.sm, d.ctrlers, append([]string{"verify", "--clients=16"}, d.flags()...)...)...)...)
 	if err != nil {
 		t.Errorf("%s: data lost: %v", d.prefix, err)
 		return
@@ -346,19 +347,23 @@ func (e *env) verify(t *testing.T, d dataSet) {
 	t.Logf("verify %s: %s", d.prefix, strings.TrimSpace(out))
 }
 
-func (e *env) applyGroup(t *testing.T, name string, replicas int, retention string) {
+// applyGroup creates or updates ReplicaGroup name of ShardMap shardMap
+// (pvcRetention left to its default when retention is "").
+func (e *env) applyGroup(t *testing.T, shardMap, name string, replicas int, retention, size string) {
 	t.Helper()
-	e.applyYAML(t, fmt.Sprintf(`apiVersion: shardkv.io/v1alpha1
+	y := fmt.Sprintf(`apiVersion: shardkv.io/v1alpha1
 kind: ReplicaGroup
 metadata:
   name: %s
 spec:
   shardMap: %s
   replicas: %d
-  pvcRetention: %s
-  storage:
-    size: 256Mi
-`, name, sm, replicas, retention))
+  storage: {size: %s}
+`, name, shardMap, replicas, size)
+	if retention != "" {
+		y += "  pvcRetention: " + retention + "\n"
+	}
+	e.applyYAML(t, y)
 }
 
 func (e *env) applyYAML(t *testing.T, y string) {

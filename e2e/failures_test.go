@@ -211,7 +211,7 @@ func (e *env) controllerLeaderLoss(t *testing.T) {
 	if !strings.HasPrefix(leader, controllers.CtrlerName(sm)+"-") {
 		t.Fatalf("controller leader %q is not a controller pod", leader)
 	}
-	e.applyGroup(t, "demo-e", 3, "Delete")
+	e.applyGroup(t, sm, "demo-e", 3, "Delete", "256Mi")
 	deadline := time.Now().Add(settle)
 	for {
 		s := e.shardMap(t, sm)

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
-	"github.com/shardkv/shardkv/controllers"
 )
 
 // The solo cluster: ShardMap "solo" (8 shards, one controller replica)
@@ -25,19 +24,6 @@ const solo = "solo"
 
 // soloData is what deleteDecidedByReports writes and reads back.
 var soloData = dataSet{sm: solo, ctrlers: 1, prefix: "e2e-solo:", keys: 2000, valueSize: 512}
-
-func (e *env) soloGroup(t *testing.T, name, extra string) {
-	t.Helper()
-	e.applyYAML(t, fmt.Sprintf(`apiVersion: shardkv.io/v1alpha1
-kind: ReplicaGroup
-metadata:
-  name: %s
-spec:
-  shardMap: %s
-  replicas: 1
-  storage: {size: 64Mi}
-%s`, name, solo, extra))
-}
 
 // deleteLastGroup: deleting the only group holding data is refused, and
 // goes ahead (drain, then finalize) once another group has joined. Its
@@ -53,7 +39,7 @@ spec:
     replicas: 1
     storage: {size: 64Mi}
 `)
-	e.soloGroup(t, "solo-a", "")
+	e.applyGroup(t, solo, "solo-a", 1, "", "64Mi")
 	e.waitSettled(t, settle, solo, map[string]int{"solo-a": 1})
 	e.k(t, "delete", "replicagroup/solo-a", "--wait=false")
 	e.waitCondition(t, "solo-a", shardkvv1.ConditionDraining, "False", "LastGroupHoldsData", "last group")
@@ -66,7 +52,7 @@ spec:
 	}
 
 	// Another group joins: the deletion goes ahead.
-	e.soloGroup(t, "solo-b", "  pvcRetention: Delete\n")
+	e.applyGroup(t, solo, "solo-b", 1, "Delete", "64Mi")
 	e.eventually(t, settle, "solo-a drained and gone once solo-b joined", func() (bool, string) {
 		if rg := e.group(t, "solo-a"); rg != nil {
 			return false, fmt.Sprintf("solo-a phase=%s draining=%s", rg.Status.Phase, condStatus(rg.Status.Conditions, shardkvv1.ConditionDraining))
@@ -90,7 +76,7 @@ func (e *env) recreateOnRetainedVolume(t *testing.T) {
 	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "data-solo-a-0"}, &old); err != nil {
 		t.Fatalf("the retained volume: %v", err)
 	}
-	e.soloGroup(t, "solo-a", "")
+	e.applyGroup(t, solo, "solo-a", 1, "", "64Mi")
 	e.waitCondition(t, "solo-a", shardkvv1.ConditionProgressing, "False", "RetainedVolumes", "data-solo-a-0")
 	e.checkEvents(t, "solo-a", "RetainedVolumes")
 	// No pod is started on it, and the volume is untouched.
@@ -134,9 +120,8 @@ func (e *env) deleteDecidedByReports(t *testing.T) {
 	if len(shards) == 0 {
 		t.Fatalf("solo-a holds no shards: %+v", m.Status.Table)
 	}
-	ctrlPod := controllers.CtrlerName(solo) + "-0"
 	kv := func(args ...string) string {
-		return e.k(t, append([]string{"exec", ctrlPod, "-c", "node", "--", "/kvctl", "--ctrler=" + e.ctrlerAddrs(solo, 1)}, args...)...)
+		return e.k(t, e.kvctl(solo, 1, args...)...)
 	}
 
 	var claimB corev1.PersistentVolumeClaim

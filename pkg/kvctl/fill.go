@@ -84,20 +84,12 @@ func cmdFill(k *kvctl, args []string) error {
 		return err
 	}
 	out := fillJSON{Keys: d.keys, ValueSize: d.valueSize, Passes: d.passes}
-	var lastErr atomic.Value
-	err = k.forEachKey(d.clients, d.keys*d.passes, &out, func(ctx context.Context, cl *client.Client, i int) error {
+	err = k.forEachKey(d.clients, d.keys*d.passes, &out, func(ctx context.Context, cl *client.Client, i int) (string, error) {
 		key := fmt.Sprintf("%s%d", d.prefix, i%d.keys)
-		if err := cl.Put(ctx, key, fillValue(key, d.valueSize)); err != nil {
-			lastErr.Store(key + ": " + oneLine(err))
-			return err
-		}
-		return nil
+		return key, cl.Put(ctx, key, fillValue(key, d.valueSize))
 	})
 	if err != nil {
 		return err
-	}
-	if s, ok := lastErr.Load().(string); ok {
-		out.LastError = s
 	}
 	if err := k.printFill(out); err != nil {
 		return err
@@ -116,36 +108,30 @@ func cmdVerify(k *kvctl, args []string) error {
 	out := fillJSON{Keys: d.keys, ValueSize: d.valueSize}
 	var missing, wrong atomic.Uint64
 	var mu sync.Mutex
-	var lastErr string
-	noteBad := func(key string) {
+	noteBad := func(key string, n *atomic.Uint64) {
+		n.Add(1)
 		mu.Lock()
 		if out.FirstBad == "" {
 			out.FirstBad = key
 		}
 		mu.Unlock()
 	}
-	err = k.forEachKey(d.clients, d.keys, &out, func(ctx context.Context, cl *client.Client, i int) error {
+	err = k.forEachKey(d.clients, d.keys, &out, func(ctx context.Context, cl *client.Client, i int) (string, error) {
 		key := fmt.Sprintf("%s%d", d.prefix, i)
 		v, ok, err := cl.Get(ctx, key)
 		switch {
 		case err != nil:
-			mu.Lock()
-			lastErr = key + ": " + oneLine(err)
-			mu.Unlock()
-			return err
 		case !ok:
-			missing.Add(1)
-			noteBad(key)
+			noteBad(key, &missing)
 		case v != fillValue(key, d.valueSize):
-			wrong.Add(1)
-			noteBad(key)
+			noteBad(key, &wrong)
 		}
-		return nil
+		return key, err
 	})
 	if err != nil {
 		return err
 	}
-	out.Missing, out.Wrong, out.LastError = missing.Load(), wrong.Load(), lastErr
+	out.Missing, out.Wrong = missing.Load(), wrong.Load()
 	if err := k.printFill(out); err != nil {
 		return err
 	}
@@ -171,8 +157,9 @@ func (k *kvctl) printFill(out fillJSON) error {
 
 // forEachKey runs op for i in [0, n) over clients workers (each its own
 // client), with a progress line a second on stderr, and fills out's
-// counts. An interrupt stops it early with an error.
-func (k *kvctl) forEachKey(clients, n int, out *fillJSON, op func(ctx context.Context, cl *client.Client, i int) error) error {
+// counts and last error (op names the key it worked on). An interrupt
+// stops it early with an error.
+func (k *kvctl) forEachKey(clients, n int, out *fillJSON, op func(ctx context.Context, cl *client.Client, i int) (key string, err error)) error {
 	cls, closeAll, err := k.workerClients(clients)
 	if err != nil {
 		return err
@@ -181,6 +168,7 @@ func (k *kvctl) forEachKey(clients, n int, out *fillJSON, op func(ctx context.Co
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	var next, done, failed atomic.Uint64
+	var lastErr atomic.Value
 	start := time.Now()
 	var wg sync.WaitGroup
 	for _, cl := range cls {
@@ -191,10 +179,11 @@ func (k *kvctl) forEachKey(clients, n int, out *fillJSON, op func(ctx context.Co
 					return
 				}
 				octx, cancel := context.WithTimeout(ctx, k.timeout)
-				err := op(octx, cl, int(i))
+				key, err := op(octx, cl, int(i))
 				cancel()
 				if err != nil {
 					failed.Add(1)
+					lastErr.Store(key + ": " + oneLine(err))
 				} else {
 					done.Add(1)
 				}
@@ -209,6 +198,9 @@ func (k *kvctl) forEachKey(clients, n int, out *fillJSON, op func(ctx context.Co
 	}
 	out.Seconds = time.Since(start).Seconds()
 	out.Ops, out.Errors = done.Load(), failed.Load()
+	if s, ok := lastErr.Load().(string); ok {
+		out.LastError = s
+	}
 	out.OpsPerSec = float64(out.Ops) / out.Seconds
 	return nil
 }

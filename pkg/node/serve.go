@@ -502,8 +502,9 @@ func readiness(st raftgroup.Status, f readinessFacts) []string {
 	case st.HeardLeaderAgo > maxLeaderSilence:
 		waiting = append(waiting, fmt.Sprintf("has not heard from its leader for %s", st.HeardLeaderAgo.Round(100*time.Millisecond)))
 	}
-	if commit := max(st.Commit, st.LeaderCommit); commit > st.Applied+maxApplyLag || commit == 0 {
-		waiting = append(waiting, fmt.Sprintf("applying its log (applied %d of the leader's %d)", st.Applied, commit))
+	// LeaderCommit is never below the replica's own commit (raftgroup).
+	if st.LeaderCommit > st.Applied+maxApplyLag || st.LeaderCommit == 0 {
+		waiting = append(waiting, fmt.Sprintf("applying its log (applied %d of the leader's %d)", st.Applied, st.LeaderCommit))
 	}
 	if f.group && (f.latestConfigAt.IsZero() || f.now.Sub(f.latestConfigAt) > 10*time.Second) {
 		waiting = append(waiting, "has not reached the controller to learn the latest config")
