@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"hash/fnv"
+	"maps"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -112,6 +113,56 @@ func podDisruptionBudget(name, namespace string, labels, selector map[string]str
 			Selector:     &metav1.LabelSelector{MatchLabels: selector},
 		},
 	}
+}
+
+// applyPodOverrides merges a spec's podTemplate into a pod template whose
+// pods selector selects: scheduling and annotations. What it leaves unset
+// gets the defaults: pods preferably on different nodes (spreadAffinity)
+// and spread by zone and node (spreadConstraints).
+func applyPodOverrides(tmpl *corev1.PodTemplateSpec, o shardkvv1.PodOverrides, selector map[string]string) {
+	if len(o.Annotations) > 0 {
+		tmpl.Annotations = maps.Clone(o.Annotations)
+	}
+	spec := &tmpl.Spec
+	spec.Affinity = o.Affinity.DeepCopy()
+	if spec.Affinity == nil {
+		spec.Affinity = spreadAffinity(selector)
+	}
+	for _, t := range o.Tolerations {
+		spec.Tolerations = append(spec.Tolerations, *t.DeepCopy())
+	}
+	if len(o.NodeSelector) > 0 {
+		spec.NodeSelector = maps.Clone(o.NodeSelector)
+	}
+	spec.TopologySpreadConstraints = spreadConstraints(selector)
+	if len(o.TopologySpreadConstraints) > 0 {
+		spec.TopologySpreadConstraints = nil
+		for _, c := range o.TopologySpreadConstraints {
+			c := *c.DeepCopy()
+			if c.LabelSelector == nil {
+				c.LabelSelector = &metav1.LabelSelector{MatchLabels: maps.Clone(selector)}
+			}
+			spec.TopologySpreadConstraints = append(spec.TopologySpreadConstraints, c)
+		}
+	}
+	spec.PriorityClassName = o.PriorityClassName
+}
+
+// spreadConstraints spread the pods of selector evenly over zones, then
+// nodes. ScheduleAnyway: a preference the scheduler scores, never a
+// reason to leave a pod pending (a cluster of one zone or one node, or
+// nodes without the zone label, still runs every pod).
+func spreadConstraints(selector map[string]string) []corev1.TopologySpreadConstraint {
+	var cs []corev1.TopologySpreadConstraint
+	for _, key := range []string{corev1.LabelTopologyZone, corev1.LabelHostname} {
+		cs = append(cs, corev1.TopologySpreadConstraint{
+			MaxSkew:           1,
+			TopologyKey:       key,
+			WhenUnsatisfiable: corev1.ScheduleAnyway,
+			LabelSelector:     &metav1.LabelSelector{MatchLabels: maps.Clone(selector)},
+		})
+	}
+	return cs
 }
 
 // spreadAffinity spreads the pods of selector over nodes where the cluster

@@ -163,34 +163,9 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 	if pull == "" {
 		pull = corev1.PullIfNotPresent
 	}
-	var annotations map[string]string
-	if len(rg.Spec.PodTemplate.Annotations) > 0 {
-		annotations = map[string]string{}
-		for k, v := range rg.Spec.PodTemplate.Annotations {
-			annotations[k] = v
-		}
-	}
-	affinity := rg.Spec.PodTemplate.Affinity.DeepCopy()
-	if affinity == nil {
-		affinity = spreadAffinity(groupSelectorLabels(rg))
-	}
-	var tolerations []corev1.Toleration
-	for _, t := range rg.Spec.PodTemplate.Tolerations {
-		tolerations = append(tolerations, *t.DeepCopy())
-	}
-	var nodeSelector map[string]string
-	if len(rg.Spec.PodTemplate.NodeSelector) > 0 {
-		nodeSelector = map[string]string{}
-		for k, v := range rg.Spec.PodTemplate.NodeSelector {
-			nodeSelector[k] = v
-		}
-	}
 	tmpl := corev1.PodTemplateSpec{
-		ObjectMeta: metav1.ObjectMeta{Labels: groupLabels(rg), Annotations: annotations},
+		ObjectMeta: metav1.ObjectMeta{Labels: groupLabels(rg)},
 		Spec: corev1.PodSpec{
-			Affinity:                      affinity,
-			Tolerations:                   tolerations,
-			NodeSelector:                  nodeSelector,
 			TerminationGracePeriodSeconds: ptr.To[int64](30),
 			EnableServiceLinks:            ptr.To(false),
 			SecurityContext:               nodePodSecurityContext(),
@@ -223,6 +198,7 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 		},
 	}
 	addSecurity(&tmpl.Spec, sm, GroupTLSSecretName(rg.Name))
+	applyPodOverrides(&tmpl, rg.Spec.PodTemplate, groupSelectorLabels(rg))
 	return tmpl
 }
 

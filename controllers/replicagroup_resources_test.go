@@ -1,6 +1,7 @@
 package controllers
 
 import (
+	"maps"
 	"strings"
 	"testing"
 
@@ -104,5 +105,53 @@ func TestHTTPTokenPods(t *testing.T) {
 		if s := pod.Containers[0].ReadinessProbe.HTTPGet.Scheme; s == corev1.URISchemeHTTPS {
 			t.Errorf("%s: HTTPS probe without TLS", name)
 		}
+	}
+}
+
+// TestPodScheduling: both kinds' pods are spread by zone and node unless
+// their spec says otherwise, and take its priority class and scheduling
+// knobs (the controller pods through spec.controller.podTemplate).
+func TestPodScheduling(t *testing.T) {
+	rg := &shardkvv1.ReplicaGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "g"}, Spec: shardkvv1.ReplicaGroupSpec{ShardMap: "sm"}}
+	sm := &shardkvv1.ShardMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "sm"}}
+	r, sr := &ReplicaGroupReconciler{DefaultImage: "x"}, &ShardMapReconciler{DefaultImage: "x"}
+	pods := func() map[string]corev1.PodTemplateSpec {
+		return map[string]corev1.PodTemplateSpec{"group": r.podTemplate(rg, sm, 1, 3), "controller": sr.ctrlerPodTemplate(sm, 3)}
+	}
+	selectors := map[string]map[string]string{"group": groupSelectorLabels(rg), "controller": ctrlerSelectorLabels(sm)}
+	for name, pod := range pods() {
+		cs := pod.Spec.TopologySpreadConstraints
+		if len(cs) != 2 || cs[0].TopologyKey != corev1.LabelTopologyZone || cs[1].TopologyKey != corev1.LabelHostname {
+			t.Fatalf("%s: default spread %+v, want zone then hostname", name, cs)
+		}
+		for _, c := range cs {
+			if c.WhenUnsatisfiable != corev1.ScheduleAnyway || c.MaxSkew != 1 || !maps.Equal(c.LabelSelector.MatchLabels, selectors[name]) {
+				t.Errorf("%s: default constraint %+v: want maxSkew 1, ScheduleAnyway, its own pods", name, c)
+			}
+		}
+		if pod.Spec.Affinity == nil || pod.Spec.PriorityClassName != "" || pod.Spec.NodeSelector != nil || pod.Annotations != nil {
+			t.Errorf("%s: defaults: affinity %v, priority %q, nodeSelector %v, annotations %v", name, pod.Spec.Affinity, pod.Spec.PriorityClassName, pod.Spec.NodeSelector, pod.Annotations)
+		}
+	}
+	over := shardkvv1.PodOverrides{
+		PriorityClassName: "kv-critical",
+		NodeSelector:      map[string]string{"disk": "ssd"},
+		Tolerations:       []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}},
+		Annotations:       map[string]string{"team": "kv"},
+		TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
+			MaxSkew: 1, TopologyKey: "rack", WhenUnsatisfiable: corev1.DoNotSchedule}},
+	}
+	rg.Spec.PodTemplate, sm.Spec.Controller.PodTemplate = over, over
+	for name, pod := range pods() {
+		cs := pod.Spec.TopologySpreadConstraints
+		if len(cs) != 1 || cs[0].TopologyKey != "rack" || cs[0].WhenUnsatisfiable != corev1.DoNotSchedule || !maps.Equal(cs[0].LabelSelector.MatchLabels, selectors[name]) {
+			t.Errorf("%s: spread %+v, want the spec's one constraint over its own pods", name, cs)
+		}
+		if pod.Spec.PriorityClassName != "kv-critical" || pod.Spec.NodeSelector["disk"] != "ssd" || len(pod.Spec.Tolerations) != 1 || pod.Annotations["team"] != "kv" {
+			t.Errorf("%s: overrides not applied: %+v", name, pod.Spec)
+		}
+	}
+	if over.TopologySpreadConstraints[0].LabelSelector != nil {
+		t.Error("the spec's constraint was changed in place")
 	}
 }

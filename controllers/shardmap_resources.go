@@ -99,7 +99,6 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 	tmpl := corev1.PodTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: ctrlerLabels(sm)},
 		Spec: corev1.PodSpec{
-			Affinity: spreadAffinity(ctrlerSelectorLabels(sm)),
 			// SIGTERM: a leader hands off first; the whole stop takes < 8s.
 			TerminationGracePeriodSeconds: ptr.To[int64](30),
 			EnableServiceLinks:            ptr.To(false),
@@ -128,6 +127,7 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 		},
 	}
 	addSecurity(&tmpl.Spec, sm, CtrlerTLSSecretName(sm.Name))
+	applyPodOverrides(&tmpl, sm.Spec.Controller.PodTemplate, ctrlerSelectorLabels(sm))
 	return tmpl
 }
 

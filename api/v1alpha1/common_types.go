@@ -27,6 +27,19 @@ type PodOverrides struct {
 	// Annotations added to every pod.
 	// +optional
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// TopologySpreadConstraints of the pods. Unset, the pods are spread
+	// by zone and by node, as evenly as the cluster allows (maxSkew 1,
+	// ScheduleAnyway: a cluster of one zone or one node still runs
+	// them). Set, they replace that default; each constraint's
+	// labelSelector, if unset, is the group's own pods.
+	// +kubebuilder:validation:MaxItems=8
+	// +optional
+	TopologySpreadConstraints []corev1.TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
+	// PriorityClassName of the pods, so the scheduler preempts less
+	// important pods for them rather than the other way round.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	PriorityClassName string `json:"priorityClassName,omitempty"`
 }
 
 // ShardRange is a run of consecutive shards with one owner and state.

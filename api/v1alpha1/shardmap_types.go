@@ -124,6 +124,12 @@ type ControllerSpec struct {
 	// +kubebuilder:default={}
 	// +optional
 	Storage StorageSpec `json:"storage,omitempty"`
+	// PodTemplate is merged into the controller pods: scheduling
+	// (affinity, tolerations, nodeSelector, topology spread, priority
+	// class) and annotations. Changing it rolls the controller pods one
+	// at a time.
+	// +optional
+	PodTemplate PodOverrides `json:"podTemplate,omitempty"`
 }
 
 // ShardMove pins one shard to a group.
