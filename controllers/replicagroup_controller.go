@@ -89,7 +89,8 @@ type ReplicaGroupReconciler struct {
 // an optimistic lock). Services and PodDisruptionBudgets: create, update.
 // Pods: get (a replica's IP, --dial-pod-ips; a replacement checked against
 // the API server), delete (rolling, replacing a replica). Claims: delete
-// (pvcRetention: Delete, a lost disk). Events: create, and patch when an
+// (pvcRetention: Delete, a lost disk), patch (growing one to
+// spec.storage.size). Events: create, and patch when an
 // Event repeats (its series).
 //
 // +kubebuilder:rbac:groups=shardkv.io,resources=replicagroups,verbs=get;list;watch;update
@@ -101,7 +102,7 @@ type ReplicaGroupReconciler struct {
 // +kubebuilder:rbac:groups="",resources=services,verbs=list;watch;create;update
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
-// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=list;watch;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=list;watch;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // SetupWithManager registers the reconciler with mgr.

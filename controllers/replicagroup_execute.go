@@ -173,6 +173,20 @@ func (r *ReplicaGroupReconciler) execute(ctx context.Context, rg *shardkvv1.Repl
 		}
 		return false, ctrl.Result{}, r.deletePVC(ctx, rg, st.Ordinal, o.PVCUIDs[st.Ordinal])
 
+	case stepGrowVolume:
+		c := o.claim(st.Ordinal)
+		if c == nil {
+			return false, ctrl.Result{}, errStale
+		}
+		refused, err := growClaim(ctx, r.Client, rg.Namespace, *c, storageSize(o.Storage))
+		if refused != "" {
+			// Not tried again until the spec changes (refusedResize).
+			o.ResizeRefused = refused
+		} else if err == nil {
+			r.Recorder.Eventf(rg, nil, corev1.EventTypeNormal, reasonGrowVolume, reasonGrowVolume, "%s", st.Message)
+		}
+		return false, ctrl.Result{}, err
+
 	case stepFinalize:
 		if o.PVCRetentionDelete {
 			// Claims retained from a deleted group of the same name were

@@ -62,6 +62,11 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 		return o, nil // the planner's first steps need no more
 	}
 	o.RetainedPVCs = retainedOrdinals(rg, claims)
+	o.Storage = rg.Spec.Storage
+	o.ResizeRefused = refusedResize(rg.Status.Conditions, rg.Generation)
+	if len(o.RetainedPVCs) == 0 {
+		o.Claims = viewClaims(claims, int(max(o.StsReplicas, o.Desired)), func(name string) int { return pvcOrdinal(rg.Name, name) })
+	}
 	dial := true
 	if sm != nil {
 		creds, err := r.Credentials.For(sm)

@@ -65,6 +65,7 @@ const (
 	stepRestartPod       stepKind = "RestartPod"      // Ordinal: delete the pod to roll it
 	stepRecreateReplica  stepKind = "RecreateReplica" // Ordinal: delete PVC and pod of a removed replica
 	stepDeletePVC        stepKind = "DeletePVC"       // Ordinal
+	stepGrowVolume       stepKind = "GrowVolume"      // Ordinal: ask for spec.storage.size (storage.go)
 	stepFinalize         stepKind = "Finalize"        // delete PVCs per retention, drop the finalizer
 )
 
@@ -94,6 +95,7 @@ const (
 	reasonPVCCleanup            = "DeletePVC"
 	reasonBootstrap             = "Bootstrap"
 	reasonRetainedVolumes       = "RetainedVolumes"
+	reasonGrowVolume            = "GrowVolume"
 	reasonWipeRetainedVolume    = "WipeRetainedVolume"
 	reasonIdle                  = "Idle"
 )
@@ -119,7 +121,7 @@ func (s step) String() string {
 		return fmt.Sprintf("%s(%d@%d)", s.Kind, s.ID, s.Ordinal)
 	case stepPromote, stepRemoveMember, stepTransferLeader:
 		return fmt.Sprintf("%s(%d)", s.Kind, s.ID)
-	case stepRestartPod, stepRecreateReplica, stepDeletePVC:
+	case stepRestartPod, stepRecreateReplica, stepDeletePVC, stepGrowVolume:
 		return fmt.Sprintf("%s(%d)", s.Kind, s.Ordinal)
 	case stepJoin:
 		ids := make([]string, len(s.Servers))
@@ -208,6 +210,12 @@ type observed struct {
 	RetainedPVCs []int
 	// RetainedVolumesWipe: spec.retainedVolumes is Wipe.
 	RetainedVolumesWipe bool
+	// Storage is spec.storage; Claims the replicas' claims (below the set
+	// and the spec); ResizeRefused the API server's refusal of a resize
+	// at this generation (refusedResize).
+	Storage       shardkvv1.StorageSpec
+	Claims        []claimView
+	ResizeRefused string
 
 	// Leader is the leader's own status (nil: no leader found); its
 	// Members are the group's membership.
@@ -227,6 +235,16 @@ type observed struct {
 
 // majority of n voters.
 func majority(n int) int { return n/2 + 1 }
+
+// claim is the replica's claim at ordinal (nil: none observed).
+func (o *observed) claim(ordinal int) *claimView {
+	for i := range o.Claims {
+		if o.Claims[i].Ordinal == ordinal {
+			return &o.Claims[i]
+		}
+	}
+	return nil
+}
 
 func (o *observed) pod(ordinal int) *podView {
 	if p, ok := o.Pods[ordinal]; ok {
@@ -451,6 +469,14 @@ func nextStep(o *observed) step {
 					Message: fmt.Sprintf("deleting the volume of removed replica %s (pvcRetention: Delete)", o.podName(ord))}
 			}
 		}
+	}
+
+	// Volumes grow when spec.storage.size grows: safe at any time, and
+	// needs no leader (a group stopped by full disks needs it most).
+	if sp := planStorage("spec.storage", o.Storage, o.Claims, o.ResizeRefused); sp.Grow != nil {
+		size := storageSize(o.Storage)
+		return step{Kind: stepGrowVolume, Ordinal: sp.Grow.Ordinal, Reason: reasonGrowVolume,
+			Message: fmt.Sprintf("growing volume %s from %s to %s", sp.Grow.Name, sp.Grow.Request.String(), size.String())}
 	}
 
 	if o.Leader == nil {

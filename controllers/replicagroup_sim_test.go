@@ -20,7 +20,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -394,12 +393,16 @@ func (g *groupSim) createPod(ctx context.Context, sts *appsv1.StatefulSet, ord i
 	if err := get(ctx, g.ns, pvcName(g.name, ord), claim); apierrors.IsNotFound(err) {
 		claim = &corev1.PersistentVolumeClaim{
 			ObjectMeta: metav1.ObjectMeta{Namespace: g.ns, Name: pvcName(g.name, ord), Labels: sts.Spec.Selector.MatchLabels},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-			},
+			Spec:       *sts.Spec.VolumeClaimTemplates[0].Spec.DeepCopy(),
 		}
 		if err := k8sClient.Create(ctx, claim); err != nil {
+			return nil, err
+		}
+		// Bound at once to a volume of the size asked, as a provisioner
+		// would.
+		claim.Status = corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound, AccessModes: claim.Spec.AccessModes,
+			Capacity: corev1.ResourceList{corev1.ResourceStorage: claim.Spec.Resources.Requests[corev1.ResourceStorage]}}
+		if err := k8sClient.Status().Update(ctx, claim); err != nil {
 			return nil, err
 		}
 	} else if err != nil {

@@ -31,12 +31,15 @@ func setCondition(rg *shardkvv1.ReplicaGroup, typ string, status metav1.Conditio
 // finishStatus records what the pass saw and did, and picks the requeue.
 func (r *ReplicaGroupReconciler) finishStatus(ctx context.Context, rg *shardkvv1.ReplicaGroup, o *observed, st step, execErr error) (ctrl.Result, error) {
 	before := rg.Status.DeepCopy()
-	prevDraining, prevProgressing := "", ""
+	prevDraining, prevProgressing, prevStorage := "", "", ""
 	if c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionDraining); c != nil {
 		prevDraining = c.Reason
 	}
 	if c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionProgressing); c != nil {
 		prevProgressing = c.Reason
+	}
+	if c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionStorageApplied); c != nil {
+		prevStorage = c.Reason
 	}
 	r.computeStatus(rg, o, st, execErr)
 
@@ -46,6 +49,10 @@ func (r *ReplicaGroupReconciler) finishStatus(ctx context.Context, rg *shardkvv1
 		r.Recorder.Eventf(rg, nil, corev1.EventTypeWarning, reasonLastGroupHoldsData, "Drain", "%s", st.Message)
 	case st.Reason == reasonRetainedVolumes && prevProgressing != reasonRetainedVolumes:
 		r.Recorder.Eventf(rg, nil, corev1.EventTypeWarning, reasonRetainedVolumes, "CreateStatefulSet", "%s", st.Message)
+	}
+	if c := meta.FindStatusCondition(rg.Status.Conditions, shardkvv1.ConditionStorageApplied); c != nil && c.Reason != prevStorage &&
+		(c.Reason == reasonStorageResizeRefused || c.Reason == reasonStorageShrink || c.Reason == reasonStorageClassImmutable) {
+		r.Recorder.Eventf(rg, nil, corev1.EventTypeWarning, c.Reason, "ResizeVolume", "%s", c.Message)
 	}
 	if !equality.Semantic.DeepEqual(before, &rg.Status) {
 		if err := r.Status().Update(ctx, rg); err != nil {
@@ -168,6 +175,12 @@ func (r *ReplicaGroupReconciler) computeStatus(rg *shardkvv1.ReplicaGroup, o *ob
 		setCondition(rg, shardkvv1.ConditionProgressing, metav1.ConditionFalse, st.Reason, st.Message)
 	default:
 		setCondition(rg, shardkvv1.ConditionProgressing, metav1.ConditionTrue, st.Reason, st.Message)
+	}
+
+	// StorageApplied: once the group has volumes.
+	if o.GroupID != 0 && o.StsReplicas >= 0 && len(o.RetainedPVCs) == 0 {
+		sp := planStorage("spec.storage", o.Storage, o.Claims, o.ResizeRefused)
+		setCondition(rg, shardkvv1.ConditionStorageApplied, sp.Status, sp.Reason, sp.Message)
 	}
 
 	// Draining.

@@ -72,7 +72,6 @@ const (
 	ReasonObjectsUpdated    = "ObjectsUpdated"
 	ReasonConflict          = "NameConflict"
 	ReasonResizeUnsupported = "ControllerResizeUnsupported"
-	ReasonStorageImmutable  = "StorageImmutable"
 	ReasonWaitingForTLS     = "WaitingForTLS"
 	ReasonUsersInvalid      = "UsersInvalid"
 	ReasonUsersUpdated      = "UsersUpdated"

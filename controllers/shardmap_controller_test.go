@@ -163,18 +163,53 @@ func TestShardMapCreatesObjects(t *testing.T) {
 		return nil
 	})
 
-	// Volumes cannot change: said in status.
-	eventually(t, "storage change", func() error {
-		var cur shardkvv1.ShardMap
-		if err := get(ctx, ns, "demo", &cur); err != nil {
-			return err
+	// The controller pods' volumes (bound, as a provisioner would, with no
+	// class): shrinking them is refused by the operator, growing them by
+	// the API server (a claim without a StorageClass cannot expand).
+	var smObj shardkvv1.ShardMap
+	if err := get(ctx, ns, "demo", &smObj); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		claim := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pvcName(name, i), Labels: ctrlerSelectorLabels(&smObj)},
+			Spec:       *sts.Spec.VolumeClaimTemplates[0].Spec.DeepCopy(),
 		}
-		cur.Spec.Controller.Storage.Size = resource.MustParse("512Mi")
-		return k8sClient.Update(ctx, &cur)
+		if err := k8sClient.Create(ctx, claim); err != nil {
+			t.Fatal(err)
+		}
+		claim.Status = corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound,
+			Capacity: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("256Mi")}}
+		if err := k8sClient.Status().Update(ctx, claim); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setStorage := func(size string) {
+		t.Helper()
+		eventually(t, "storage change", func() error {
+			var cur shardkvv1.ShardMap
+			if err := get(ctx, ns, "demo", &cur); err != nil {
+				return err
+			}
+			cur.Spec.Controller.Storage.Size = resource.MustParse(size)
+			return k8sClient.Update(ctx, &cur)
+		})
+	}
+	waitSM(t, ns, "demo", "StorageApplied", func(sm *shardkvv1.ShardMap) error {
+		return condIs(sm, shardkvv1.ConditionStorageApplied, metav1.ConditionTrue, reasonStorageApplied, "all 3 volumes are 256Mi")
 	})
-	waitSM(t, ns, "demo", "Degraded StorageImmutable", func(sm *shardkvv1.ShardMap) error {
-		return condIs(sm, shardkvv1.ConditionDegraded, metav1.ConditionTrue, ReasonStorageImmutable, "(512Mi) differs from the volumes the controller group was created with (256Mi)")
+	setStorage("128Mi")
+	waitSM(t, ns, "demo", "Degraded ShrinkNotSupported", func(sm *shardkvv1.ShardMap) error {
+		return condIs(sm, shardkvv1.ConditionDegraded, metav1.ConditionTrue, reasonStorageShrink, "spec.controller.storage.size 128Mi is below the size of volumes data-demo-ctrler-0 (256Mi)")
 	})
+	setStorage("512Mi")
+	waitSM(t, ns, "demo", "Degraded ResizeRefused", func(sm *shardkvv1.ShardMap) error {
+		return condIs(sm, shardkvv1.ConditionDegraded, metav1.ConditionTrue, reasonStorageResizeRefused,
+			"growing volume "+pvcName(name, 0)+" from 256Mi to 512Mi was refused by the API server")
+	})
+	if err := hasEvent(ns, "demo", reasonStorageResizeRefused, "allowVolumeExpansion"); err != nil {
+		t.Fatal(err)
+	}
 
 	// Resizing the controller group is refused by the CRD (CEL) until it
 	// is supported; the StatefulSet keeps its size.

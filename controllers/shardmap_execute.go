@@ -96,6 +96,27 @@ func (r *ShardMapReconciler) execute(ctx context.Context, sm *shardkvv1.ShardMap
 	case smStepDeletePod:
 		return r.rollPod(ctx, sm, o, st)
 
+	case smStepGrowVolume:
+		var c *claimView
+		for i := range o.Claims {
+			if o.Claims[i].Ordinal == st.Ordinal {
+				c = &o.Claims[i]
+			}
+		}
+		if c == nil {
+			return smOutcome{}, fmt.Errorf("claim of controller pod %d not observed", st.Ordinal)
+		}
+		size := storageSize(o.Storage)
+		refused, err := growClaim(ctx, r.Client, sm.Namespace, *c, size)
+		if err != nil || refused != "" {
+			// A refusal is not tried again until the spec changes.
+			o.ResizeRefused = refused
+			return smOutcome{}, err
+		}
+		msg := fmt.Sprintf("growing volume %s from %s to %s", c.Name, c.Request.String(), size.String())
+		r.event(sm, corev1.EventTypeNormal, reasonGrowVolume, "GrowVolume", "%s", msg)
+		return objectsUpdated("%s", msg), nil
+
 	case smStepMove, smStepUnpin:
 		return r.applyMove(ctx, sm, o, api, st), nil
 

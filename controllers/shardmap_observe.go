@@ -70,6 +70,12 @@ func (r *ShardMapReconciler) observe(ctx context.Context, sm *shardkvv1.ShardMap
 	if err := r.List(ctx, &pods, client.InNamespace(sm.Namespace), client.MatchingLabels(ctrlerSelectorLabels(sm))); err != nil {
 		return nil, nil, err
 	}
+	var claims corev1.PersistentVolumeClaimList
+	if err := r.List(ctx, &claims, client.InNamespace(sm.Namespace), client.MatchingLabels(ctrlerSelectorLabels(sm))); err != nil {
+		return nil, nil, err
+	}
+	o.Claims = viewClaims(claims.Items, int(o.Bootstrap), func(name string) int { return pvcOrdinal(CtrlerName(sm.Name), name) })
+	o.ResizeRefused = refusedResize(sm.Status.Conditions, sm.Generation)
 	for i := range pods.Items {
 		p := &pods.Items[i]
 		if ord := podOrdinal(CtrlerName(sm.Name), p.Name); ord >= 0 {

@@ -36,6 +36,10 @@ type smObserved struct {
 	// controller group was created with (its --peers), which it keeps.
 	Replicas, Bootstrap int32
 	Storage             shardkvv1.StorageSpec
+	// Claims are the controller pods' claims; ResizeRefused the API
+	// server's refusal of a resize at this generation (storage.go).
+	Claims        []claimView
+	ResizeRefused string
 
 	// Sts, Svc and PDB are the controller group's objects (nil: none, or
 	// one this ShardMap does not own: then its *Conflict is set).
@@ -108,11 +112,12 @@ const (
 	smStepUpdateService     smStepKind = "UpdateService"
 	smStepCreatePDB         smStepKind = "CreatePodDisruptionBudget"
 	smStepUpdatePDB         smStepKind = "UpdatePodDisruptionBudget"
-	smStepDeletePod         smStepKind = "DeletePod" // Ordinal: roll it
-	smStepMove              smStepKind = "Move"      // Shard to GID (Group)
-	smStepUnpin             smStepKind = "Unpin"     // Shard (pinned to GID)
-	smStepTLS               smStepKind = "TLS"       // TLS: one Secret write
-	smStepSetUsers          smStepKind = "SetUsers"  // the Secret's users to the controller
+	smStepDeletePod         smStepKind = "DeletePod"  // Ordinal: roll it
+	smStepMove              smStepKind = "Move"       // Shard to GID (Group)
+	smStepUnpin             smStepKind = "Unpin"      // Shard (pinned to GID)
+	smStepTLS               smStepKind = "TLS"        // TLS: one Secret write
+	smStepSetUsers          smStepKind = "SetUsers"   // the Secret's users to the controller
+	smStepGrowVolume        smStepKind = "GrowVolume" // Ordinal: its claim to spec.controller.storage.size
 )
 
 // smStep is one change.
@@ -141,7 +146,7 @@ func (s smStep) String() string {
 	switch s.Kind {
 	case smStepNone:
 		return "None"
-	case smStepDeletePod:
+	case smStepDeletePod, smStepGrowVolume:
 		return fmt.Sprintf("%s(%d)", s.Kind, s.Ordinal)
 	case smStepMove:
 		return fmt.Sprintf("%s(%d,%d)", s.Kind, s.Shard, s.GID)
@@ -226,8 +231,8 @@ func planShardMap(o *smObserved) smPlan {
 			pl.Step = st
 			return pl
 		}
-		if kind := planObjects(o, &pl); kind != smStepNone {
-			pl.Step = smStep{Kind: kind}
+		if st := planObjects(o, &pl); st.Kind != smStepNone {
+			pl.Step = st
 			return pl
 		}
 	}
@@ -251,40 +256,40 @@ func planShardMap(o *smObserved) smPlan {
 
 // planObjects is the first of the controller group's objects to create or
 // update, and what of them cannot be applied.
-func planObjects(o *smObserved, pl *smPlan) smStepKind {
+func planObjects(o *smObserved, pl *smPlan) smStep {
 	name := CtrlerName(o.Name)
 	if o.Sts == nil {
-		return smStepCreateStatefulSet
+		return smStep{Kind: smStepCreateStatefulSet}
 	}
-	if vct := o.Sts.Spec.VolumeClaimTemplates; len(vct) == 1 && pl.Degraded.Reason == "" {
-		have, wantClass := vct[0].Spec.Resources.Requests[corev1.ResourceStorage], o.Storage.StorageClassName
-		if size := storageSize(o.Storage); have.Cmp(size) != 0 ||
-			wantClass != nil && (vct[0].Spec.StorageClassName == nil || *vct[0].Spec.StorageClassName != *wantClass) {
-			pl.degraded(ReasonStorageImmutable,
-				"spec.controller.storage (%s) differs from the volumes the controller group was created with (%s), which cannot change",
-				size.String(), have.String())
-		}
+	// The volumes: grown to spec.controller.storage.size (storage.go);
+	// what cannot be applied is said.
+	sp := planStorage("spec.controller.storage", o.Storage, o.Claims, o.ResizeRefused)
+	if sp.Status == metav1.ConditionFalse && sp.Reason != reasonStorageResizing && pl.Degraded.Reason == "" {
+		pl.degraded(sp.Reason, "%s", sp.Message)
 	}
 	if o.Sts.Annotations[annotationSpecHash] != o.WantSts.Annotations[annotationSpecHash] {
-		return smStepUpdateStatefulSet
+		return smStep{Kind: smStepUpdateStatefulSet}
+	}
+	if sp.Grow != nil {
+		return smStep{Kind: smStepGrowVolume, Ordinal: sp.Grow.Ordinal, Object: sp.Grow.Name}
 	}
 	switch {
 	case o.SvcConflict:
 		pl.degraded(ReasonConflict, "Service %s exists and is not owned by this ShardMap", name)
 	case o.Svc == nil:
-		return smStepCreateService
+		return smStep{Kind: smStepCreateService}
 	case o.Svc.Annotations[annotationSpecHash] != o.WantSvc.Annotations[annotationSpecHash]:
-		return smStepUpdateService
+		return smStep{Kind: smStepUpdateService}
 	}
 	switch {
 	case o.PDBConflict:
 		pl.degraded(ReasonConflict, "PodDisruptionBudget %s exists and is not owned by this ShardMap", name)
 	case o.PDB == nil:
-		return smStepCreatePDB
+		return smStep{Kind: smStepCreatePDB}
 	case o.PDB.Annotations[annotationSpecHash] != o.WantPDB.Annotations[annotationSpecHash]:
-		return smStepUpdatePDB
+		return smStep{Kind: smStepUpdatePDB}
 	}
-	return smStepNone
+	return smStep{}
 }
 
 // planRoll deletes one controller pod whose revision is not the

@@ -152,21 +152,35 @@ func TestPlanShardMapDegraded(t *testing.T) {
 	o.Replicas = 5
 	expectPlan(t, planShardMap(o), "None", "", "", ReasonResizeUnsupported)
 
-	// Volumes cannot change; the template still can.
+	// Volumes grow, one claim per pass, after the template; what cannot
+	// be applied is said.
 	o = settledSM(0)
+	for i := range 3 {
+		o.Claims = append(o.Claims, claimView{Name: pvcName("demo-ctrler", i), Ordinal: i, Request: resource.MustParse("256Mi"),
+			Capacity: resource.MustParse("256Mi"), Bound: true})
+	}
 	o.Storage.Size = resource.MustParse("512Mi")
 	o.Sts.Annotations[annotationSpecHash] = "old"
+	expectPlan(t, planShardMap(o), "UpdateStatefulSet", "", "", "")
+	o.Sts.Annotations[annotationSpecHash] = o.WantSts.Annotations[annotationSpecHash]
+	expectPlan(t, planShardMap(o), "GrowVolume(0)", "", "", "")
+	o.Claims[0].Request = resource.MustParse("512Mi")
+	expectPlan(t, planShardMap(o), "GrowVolume(1)", "", "", "")
+	o.ResizeRefused = "refused by the API server"
+	expectPlan(t, planShardMap(o), "None", "", "", reasonStorageResizeRefused)
+	o.ResizeRefused = ""
+	o.Storage.Size = resource.MustParse("128Mi")
 	pl := planShardMap(o)
-	expectPlan(t, pl, "UpdateStatefulSet", "", "", ReasonStorageImmutable)
-	if want := "spec.controller.storage (512Mi) differs from the volumes the controller group was created with (256Mi)"; !strings.Contains(pl.Degraded.Message, want) {
+	expectPlan(t, pl, "None", "", "", reasonStorageShrink)
+	if want := "spec.controller.storage.size 128Mi is below the size of volumes data-demo-ctrler-0 (512Mi)"; !strings.Contains(pl.Degraded.Message, want) {
 		t.Errorf("degraded %q, want %q", pl.Degraded.Message, want)
 	}
 	class := "fast"
 	o.Storage = shardkvv1.StorageSpec{Size: resource.MustParse("256Mi"), StorageClassName: &class}
-	expectPlan(t, planShardMap(o), "UpdateStatefulSet", "", "", ReasonStorageImmutable)
+	expectPlan(t, planShardMap(o), "None", "", "", reasonStorageClassImmutable)
 	// The resize is the one said when both apply.
 	o.Replicas = 5
-	expectPlan(t, planShardMap(o), "UpdateStatefulSet", "", "", ReasonResizeUnsupported)
+	expectPlan(t, planShardMap(o), "None", "", "", ReasonResizeUnsupported)
 
 	// A foreign Service or PDB is said (the later one when both are) and
 	// left alone; the other objects go on.
@@ -323,7 +337,7 @@ func TestShardMapProgressing(t *testing.T) {
 	o := settledSM(0)
 	done := smCondition{metav1.ConditionTrue, ReasonApplyingMoves, "pinned shard 0 to b: config 5"}
 	wait := smCondition{metav1.ConditionTrue, ReasonWaitingToRoll, "1 controller pods to update; waiting for pod demo-ctrler-2 to be ready"}
-	deg := smCondition{metav1.ConditionTrue, ReasonStorageImmutable, "volumes"}
+	deg := smCondition{metav1.ConditionTrue, reasonStorageShrink, "volumes"}
 	cases := []struct {
 		pl   smPlan
 		done smCondition

@@ -606,6 +606,14 @@ func (r *ShardMapReconciler) setConditions(sm *shardkvv1.ShardMap, o *smObserved
 		r.event(sm, corev1.EventTypeNormal, "Resumed", "Resume", "spec.paused was cleared: reconciling again")
 	}
 	set(shardkvv1.ConditionProgressing, progress)
+	if o.Sts != nil {
+		sp := planStorage("spec.controller.storage", o.Storage, o.Claims, o.ResizeRefused)
+		prevStorage := meta.FindStatusCondition(sm.Status.Conditions, shardkvv1.ConditionStorageApplied)
+		if sp.Status == metav1.ConditionFalse && sp.Reason != reasonStorageResizing && (prevStorage == nil || prevStorage.Reason != sp.Reason) {
+			r.event(sm, corev1.EventTypeWarning, sp.Reason, "GrowVolume", "%s", sp.Message)
+		}
+		set(shardkvv1.ConditionStorageApplied, smCondition{sp.Status, sp.Reason, sp.Message})
+	}
 	if pl.Degraded.Reason != "" {
 		set(shardkvv1.ConditionDegraded, pl.Degraded)
 	} else {

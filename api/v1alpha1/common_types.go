@@ -69,4 +69,7 @@ const (
 	ConditionProgressing = "Progressing"
 	ConditionDraining    = "Draining"
 	ConditionDegraded    = "Degraded"
+	// ConditionStorageApplied: every volume of the group has
+	// spec.storage (False: growing, or why it cannot).
+	ConditionStorageApplied = "StorageApplied"
 )
