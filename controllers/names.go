@@ -26,6 +26,11 @@ const (
 // Finalizer keeps a ReplicaGroup until its shards are drained.
 const Finalizer = "shardkv.io/drain"
 
+// ShardMapFinalizer keeps a ShardMap, and so its controller group (owned
+// objects go only once their owner is gone), until its ReplicaGroups are
+// gone: they drain through that controller.
+const ShardMapFinalizer = "shardkv.io/replicagroups"
+
 // CtrlerName is the name of the controller group's StatefulSet, headless
 // Service and PodDisruptionBudget of ShardMap sm.
 func CtrlerName(sm string) string { return sm + "-ctrler" }

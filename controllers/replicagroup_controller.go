@@ -162,15 +162,13 @@ func (configChanged) Update(e event.UpdateEvent) bool {
 }
 
 func (r *ReplicaGroupReconciler) groupsOfShardMap(ctx context.Context, o client.Object) []reconcile.Request {
-	var list shardkvv1.ReplicaGroupList
-	if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace())); err != nil {
+	groups, err := replicaGroupsOf(ctx, r.Client, o.GetNamespace(), o.GetName())
+	if err != nil {
 		return nil
 	}
 	var out []reconcile.Request
-	for _, rg := range list.Items {
-		if rg.Spec.ShardMap == o.GetName() {
-			out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&rg)})
-		}
+	for i := range groups {
+		out = append(out, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&groups[i])})
 	}
 	return out
 }

@@ -32,7 +32,8 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 		Deleting:           !rg.DeletionTimestamp.IsZero(),
 		HasFinalizer:       controllerutil.ContainsFinalizer(rg, Finalizer),
 		Paused:             sm != nil && sm.Spec.Paused,
-		ShardMapGone:       sm == nil || !sm.DeletionTimestamp.IsZero(),
+		ShardMapGone:       sm == nil,
+		ClusterDeleting:    sm != nil && !sm.DeletionTimestamp.IsZero(),
 		GroupID:            uint64(rg.Status.GroupID),
 		Phase:              rg.Status.Phase,
 		Desired:            defaultReplicas(rg),
@@ -56,6 +57,16 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 		}
 		if sts.Status.ObservedGeneration >= sts.Generation {
 			o.UpdateRevision = sts.Status.UpdateRevision
+		}
+	}
+	if o.Deleting && o.ClusterDeleting {
+		groups, err := replicaGroupsOf(ctx, r.Client, rg.Namespace, sm.Name)
+		if err != nil {
+			return nil, err
+		}
+		o.ClusterGroupsDeleting = true
+		for _, g := range groups {
+			o.ClusterGroupsDeleting = o.ClusterGroupsDeleting && !g.DeletionTimestamp.IsZero()
 		}
 	}
 	if !o.HasFinalizer || o.GroupID == 0 {

@@ -91,6 +91,8 @@ const (
 	reasonUpdateServers         = "UpdateServers"
 	reasonLeave                 = "Leave"
 	reasonDrained               = "Drained"
+	reasonClusterDeleting       = "ClusterDeleting"
+	reasonClusterDeleted        = "ClusterDeleted"
 	reasonLingering             = "WaitingForClientsToMove"
 	reasonPVCCleanup            = "DeletePVC"
 	reasonBootstrap             = "Bootstrap"
@@ -179,8 +181,10 @@ type observed struct {
 	Deleting     bool
 	HasFinalizer bool
 	Paused       bool
-	// ShardMapGone: the ShardMap is missing or being deleted.
-	ShardMapGone bool
+	// ShardMapGone: the ShardMap does not exist. ClusterDeleting: it is
+	// being deleted; ClusterGroupsDeleting: so is every ReplicaGroup of
+	// it (observed only while this one is being deleted).
+	ShardMapGone, ClusterDeleting, ClusterGroupsDeleting bool
 
 	GroupID uint64
 	Phase   string
@@ -444,6 +448,9 @@ func nextStep(o *observed) step {
 	}
 	if o.ShardMapGone {
 		return wait(reasonShardMapNotFound, "the ShardMap does not exist")
+	}
+	if o.ClusterDeleting {
+		return wait(reasonClusterDeleting, "the ShardMap is being deleted and waits for its ReplicaGroups to go: nothing changes in this group until it is deleted too")
 	}
 	if o.GroupID == 0 {
 		return step{Kind: stepAllocateGroupID, Reason: reasonBootstrap, Message: "allocating a group id"}
@@ -723,7 +730,13 @@ func planDeletion(o *observed) step {
 		return wait(reasonPaused, "the ShardMap is paused: the group is not drained")
 	}
 	if o.ShardMapGone {
+		// Only if its finalizer was removed by hand, or the group named a
+		// ShardMap that never existed.
 		return step{Kind: stepFinalize, Reason: reasonDrained, Message: "the ShardMap is gone: nothing to drain"}
+	}
+	if o.ClusterDeleting && o.ClusterGroupsDeleting {
+		return step{Kind: stepFinalize, Reason: reasonClusterDeleted,
+			Message: "the ShardMap and all its ReplicaGroups are being deleted: the cluster's data is deleted with them, nothing to drain into"}
 	}
 	if o.GroupID == 0 {
 		return step{Kind: stepFinalize, Reason: reasonDrained, Message: "the group never got an id: nothing to drain"}

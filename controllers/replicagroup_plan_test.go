@@ -337,6 +337,17 @@ func TestPlanRollingUpdateSingleReplica(t *testing.T) {
 	expectSteps(t, w.run(10), "RestartPod(0) Idle")
 }
 
+// TestPlanClusterDeleting: a group of a ShardMap being deleted changes
+// nothing until it is deleted too.
+func TestPlanClusterDeleting(t *testing.T) {
+	w := newSimGroup(t, 3, 9)
+	w.clusterDeleting = true
+	w.desired = 5
+	if st := nextStep(w.observe()); st.Kind != stepWait || st.Reason != reasonClusterDeleting {
+		t.Fatalf("step %s %q, want the ClusterDeleting wait", st, st.Message)
+	}
+}
+
 func TestPlanPaused(t *testing.T) {
 	w := newSimGroup(t, 3, 9)
 	w.paused = true
@@ -469,6 +480,22 @@ func TestPlanDeletion(t *testing.T) {
 		w.deleting = true
 		if st := nextStep(w.observe()); st.Kind != stepFinalize {
 			t.Fatalf("step %s, want Finalize", st)
+		}
+	})
+	t.Run("the whole cluster deleted", func(t *testing.T) {
+		// The ShardMap and every group of it: nothing to drain into.
+		w := newSimGroup(t, 3, 9)
+		w.clusterDeleting, w.clusterGroupsDeleting, w.deleting = true, true, true
+		if st := nextStep(w.observe()); st.Kind != stepFinalize || st.Reason != reasonClusterDeleted {
+			t.Fatalf("step %s %q, want Finalize ClusterDeleted", st, st.Message)
+		}
+	})
+	t.Run("cluster deleted, other groups stay", func(t *testing.T) {
+		// The others stay (for now): the group drains into them.
+		w := newSimGroup(t, 3, 9)
+		w.clusterDeleting, w.deleting = true, true
+		if st := nextStep(w.observe()); st.Kind != stepLeave {
+			t.Fatalf("step %s %q, want Leave", st, st.Message)
 		}
 	})
 	t.Run("controller unreachable", func(t *testing.T) {

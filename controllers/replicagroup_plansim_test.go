@@ -58,6 +58,8 @@ type simWorld struct {
 	finalizer      bool
 	paused         bool
 	smGone         bool
+	// The ShardMap is being deleted; so is every group of it.
+	clusterDeleting, clusterGroupsDeleting bool
 	phase          string
 	nextID         uint64
 	// lag: new learners start behind and catch up on the next tick.
@@ -146,7 +148,7 @@ func (w *simWorld) status(p *simPod) *shardkvpb.MemberStatus {
 // observe is what a reconcile pass would see.
 func (w *simWorld) observe() *observed {
 	o := &observed{Name: w.name, Namespace: w.ns, Deleting: w.deleting, HasFinalizer: w.finalizer, Paused: w.paused,
-		ShardMapGone: w.smGone, GroupID: w.gid, Phase: w.phase, Desired: int32(w.desired), Bootstrap: int32(w.bootstrap),
+		ShardMapGone: w.smGone, ClusterDeleting: w.clusterDeleting, ClusterGroupsDeleting: w.clusterGroupsDeleting, GroupID: w.gid, Phase: w.phase, Desired: int32(w.desired), Bootstrap: int32(w.bootstrap),
 		Weight: 1, StsReplicas: int32(w.sts), UpdateRevision: w.updateRev, PVCRetentionDelete: w.retention,
 		Pods: map[int]*podView{}, LeaderOrdinal: -1, Reports: w.reports}
 	if w.config != nil {

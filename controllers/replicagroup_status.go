@@ -67,7 +67,7 @@ func (r *ReplicaGroupReconciler) finishStatus(ctx context.Context, rg *shardkvv1
 		return ctrl.Result{RequeueAfter: r.requeueShort()}, nil
 	case st.Kind == stepIdle:
 		return ctrl.Result{RequeueAfter: r.requeueIdle()}, nil
-	case st.Kind == stepWait && (st.Reason == reasonPaused || st.Reason == reasonShardMapNotFound || st.Reason == "NoImage"):
+	case st.Kind == stepWait && (st.Reason == reasonPaused || st.Reason == reasonShardMapNotFound || st.Reason == reasonClusterDeleting || st.Reason == "NoImage"):
 		return ctrl.Result{RequeueAfter: r.requeueIdle()}, nil
 	case st.Kind == stepWait && (st.Reason == reasonLastGroupHoldsData || st.Reason == reasonRetainedVolumes):
 		// Another group joining, or the user deleting the claims (neither
@@ -171,7 +171,7 @@ func (r *ReplicaGroupReconciler) computeStatus(rg *shardkvv1.ReplicaGroup, o *ob
 			fmt.Sprintf("%s: %v (will retry)", st.Message, execErr))
 	case st.Kind == stepIdle:
 		setCondition(rg, shardkvv1.ConditionProgressing, metav1.ConditionFalse, reasonIdle, st.Message)
-	case st.Reason == reasonPaused || st.Reason == reasonLastGroupHoldsData || st.Reason == reasonRetainedVolumes:
+	case st.Reason == reasonPaused || st.Reason == reasonLastGroupHoldsData || st.Reason == reasonRetainedVolumes || st.Reason == reasonClusterDeleting:
 		setCondition(rg, shardkvv1.ConditionProgressing, metav1.ConditionFalse, st.Reason, st.Message)
 	default:
 		setCondition(rg, shardkvv1.ConditionProgressing, metav1.ConditionTrue, st.Reason, st.Message)

@@ -36,6 +36,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -120,16 +121,16 @@ type ShardMapReconciler struct {
 	baseCtx context.Context
 }
 
-// RBAC (see also ReplicaGroupReconciler's): the ShardMap itself is only
-// read (get: the fresh object before a group id is allocated); its status
-// is updated. It has no finalizer of its own: "update" on
-// shardmaps/finalizers is for OwnerReferencesPermissionEnforcement, where
-// it is on, when the controller group's StatefulSet, Service and
+// RBAC (see also ReplicaGroupReconciler's): the ShardMap itself is read
+// (get: the fresh object before a group id is allocated) and updated to
+// add and remove its finalizer (shardkv.io/replicagroups); its status is
+// updated. "update" on shardmaps/finalizers is for
+// OwnerReferencesPermissionEnforcement, where it is on, when the controller group's StatefulSet, Service and
 // PodDisruptionBudget are created owned by the ShardMap (blockOwnerDeletion).
 // Owned objects: create, and update when their spec hash changes; the
 // controller pods are deleted one at a time to roll them.
 //
-// +kubebuilder:rbac:groups=shardkv.io,resources=shardmaps,verbs=get;list;watch
+// +kubebuilder:rbac:groups=shardkv.io,resources=shardmaps,verbs=get;list;watch;update
 // +kubebuilder:rbac:groups=shardkv.io,resources=shardmaps/status,verbs=update
 // +kubebuilder:rbac:groups=shardkv.io,resources=shardmaps/finalizers,verbs=update
 // +kubebuilder:rbac:groups=shardkv.io,resources=replicagroups,verbs=get;list;watch
@@ -256,10 +257,17 @@ func (r *ShardMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		return ctrl.Result{}, err
 	}
 	if !sm.DeletionTimestamp.IsZero() {
-		// The owned objects go with it (owner references).
-		r.stopWatch(req.NamespacedName)
-		r.forgetRates(req.NamespacedName)
-		return ctrl.Result{}, nil
+		return r.reconcileDeletion(ctx, sm)
+	}
+	if !controllerutil.ContainsFinalizer(sm, ShardMapFinalizer) {
+		controllerutil.AddFinalizer(sm, ShardMapFinalizer)
+		if err := r.Update(ctx, sm); err != nil {
+			if apierrors.IsConflict(err) {
+				return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
+			}
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
 	}
 	orig := sm.Status.DeepCopy()
 

@@ -210,6 +210,10 @@ func TestE2E(t *testing.T) {
 
 	run("DeleteDecidedByReports", func(t *testing.T) { e.deleteDecidedByReports(t) })
 
+	run("GrowStorageRefused", func(t *testing.T) { e.growStorageRefused(t) })
+
+	run("DeleteShardMap", func(t *testing.T) { e.deleteShardMap(t) })
+
 	run("PodFailures", func(t *testing.T) { e.podFailures(t) })
 
 	run("RollingUpdate", func(t *testing.T) { e.rollingUpdate(t, base) })

@@ -192,10 +192,14 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// shardMap returns the ShardMap, or nil if it does not exist.
 func (e *env) shardMap(t *testing.T, name string) *shardkvv1.ShardMap {
 	t.Helper()
 	sm := &shardkvv1.ShardMap{}
 	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: name}, sm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
 		t.Fatalf("get shardmap %s: %v", name, err)
 	}
 	return sm

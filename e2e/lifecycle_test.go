@@ -180,13 +180,95 @@ func (e *env) deleteDecidedByReports(t *testing.T) {
 		t.Errorf("solo-a was not finalized as drained; events:\n%s", strings.Join(evs, "\n"))
 	}
 	e.verify(t, soloData)
+}
 
-	// Tear the solo cluster down: solo-b is its last group, so drop its
-	// finalizer (the user's way to say "discard the data"), then the
-	// ShardMap.
-	e.k(t, "patch", "replicagroup/solo-b", "--type=merge", "-p", `{"metadata":{"finalizers":null}}`)
-	e.k(t, "delete", "replicagroup/solo-b", "--wait=true", "--timeout=2m")
-	e.k(t, "delete", "shardmap/"+solo, "--wait=true", "--timeout=2m")
+// growStorageRefused: growing solo-b's volume where the StorageClass
+// cannot expand (the local cluster's host-path class) is refused by the
+// API server; the operator says so, changes nothing, and the group keeps
+// serving. Back at the old size, the condition clears.
+func (e *env) growStorageRefused(t *testing.T) {
+	var before corev1.PersistentVolumeClaim
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "data-solo-b-0"}, &before); err != nil {
+		t.Fatalf("solo-b's volume: %v", err)
+	}
+	e.waitCondition(t, "solo-b", shardkvv1.ConditionStorageApplied, "True", "Applied", "all 1 volumes are 64Mi")
+	e.k(t, "patch", "replicagroup/solo-b", "--type=merge", "-p", `{"spec":{"storage":{"size":"128Mi"}}}`)
+	e.waitCondition(t, "solo-b", shardkvv1.ConditionStorageApplied, "False", "ResizeRefused",
+		"growing volume data-solo-b-0 from 64Mi to 128Mi was refused by the API server")
+	e.checkEvents(t, "solo-b", "ResizeRefused")
+	var after corev1.PersistentVolumeClaim
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "data-solo-b-0"}, &after); err != nil || after.UID != before.UID {
+		t.Fatalf("solo-b's volume after the refusal: %v (uid %s, was %s)", err, after.UID, before.UID)
+	}
+	if got := after.Spec.Resources.Requests[corev1.ResourceStorage]; got.String() != "64Mi" {
+		t.Errorf("solo-b's volume asks for %s after the refusal, want 64Mi", got.String())
+	}
+	e.waitSettled(t, settle, solo, map[string]int{"solo-b": 1})
+	e.k(t, "patch", "replicagroup/solo-b", "--type=merge", "-p", `{"spec":{"storage":{"size":"64Mi"}}}`)
+	e.waitCondition(t, "solo-b", shardkvv1.ConditionStorageApplied, "True", "Applied", "all 1 volumes are 64Mi")
+}
+
+// deleteShardMap: a deleted ShardMap stays, with its controller group,
+// while a ReplicaGroup of it is not deleted, and says so; once its last
+// group is deleted too, that group goes without a drain (the whole
+// cluster's data goes), then the ShardMap and its controller group. The
+// controller's volume stays.
+func (e *env) deleteShardMap(t *testing.T) {
+	e.k(t, "delete", "shardmap/"+solo, "--wait=false")
+	var msg string
+	e.eventually(t, time.Minute, "the ShardMap waits for solo-b", func() (bool, string) {
+		m := e.shardMap(t, solo)
+		if m == nil {
+			return false, "the ShardMap is gone while solo-b is not deleted"
+		}
+		c := meta.FindStatusCondition(m.Status.Conditions, shardkvv1.ConditionProgressing)
+		if c == nil {
+			return false, "no Progressing condition"
+		}
+		msg = c.Message
+		return c.Reason == "WaitingForReplicaGroups" && strings.Contains(c.Message, "ReplicaGroups solo-b are not"), c.Reason + ": " + c.Message
+	})
+	t.Logf("ShardMap %s: %s", solo, msg)
+	e.waitCondition(t, "solo-b", shardkvv1.ConditionProgressing, "False", "ClusterDeleting", "the ShardMap is being deleted")
+	// It stays, and so does its controller: solo-b still serves.
+	time.Sleep(5 * time.Second)
+	if m := e.shardMap(t, solo); m == nil {
+		t.Fatal("the ShardMap went while solo-b is not deleted")
+	}
+	for _, p := range e.pods(t, "solo-ctrler") {
+		if p.DeletionTimestamp != nil {
+			t.Fatalf("controller pod %s is terminating while solo-b needs it", p.Name)
+		}
+	}
+	if len(e.pods(t, "solo-ctrler")) == 0 {
+		t.Fatal("no controller pod while solo-b needs it")
+	}
+	e.k(t, "get", "replicagroup/solo-b") // still there, readable
+	evs := e.events(t, "ShardMap", solo, e.scenarioStart)
+	if !containsPrefix(evs, "WaitingForReplicaGroups\t") {
+		t.Errorf("no WaitingForReplicaGroups Event; events:\n%s", strings.Join(evs, "\n"))
+	}
+
+	e.k(t, "delete", "replicagroup/solo-b", "--wait=false")
+	e.eventually(t, 2*time.Minute, "solo-b and the ShardMap gone", func() (bool, string) {
+		var left []string
+		if e.group(t, "solo-b") != nil {
+			left = append(left, "replicagroup/solo-b")
+		}
+		if e.shardMap(t, solo) != nil {
+			left = append(left, "shardmap/"+solo)
+		}
+		if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "solo-ctrler"}, &appsv1.StatefulSet{}); !apierrors.IsNotFound(err) {
+			left = append(left, "statefulset/solo-ctrler")
+		}
+		return len(left) == 0, "left: " + strings.Join(left, ",")
+	})
+	if evs := e.events(t, "ReplicaGroup", "solo-b", e.scenarioStart); !containsPrefix(evs, "Finalize\tthe ShardMap and all its ReplicaGroups are being deleted") {
+		t.Errorf("solo-b was not finalized as the cluster's deletion; events:\n%s", strings.Join(evs, "\n"))
+	}
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: "data-solo-ctrler-0"}, &corev1.PersistentVolumeClaim{}); err != nil {
+		t.Errorf("the controller's volume: %v (it stays when the ShardMap goes)", err)
+	}
 }
 
 // scaleOperator sets the operator's replicas and waits for that many
