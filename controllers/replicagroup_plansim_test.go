@@ -60,8 +60,8 @@ type simWorld struct {
 	smGone         bool
 	// The ShardMap is being deleted; so is every group of it.
 	clusterDeleting, clusterGroupsDeleting bool
-	phase          string
-	nextID         uint64
+	phase                                  string
+	nextID                                 uint64
 	// lag: new learners start behind and catch up on the next tick.
 	lag bool
 	// restartDelay: a restarted pod is back after this many ticks.
