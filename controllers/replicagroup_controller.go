@@ -65,8 +65,14 @@ type ReplicaGroupReconciler struct {
 	// CallTimeout bounds each data-plane call (default 5s).
 	CallTimeout time.Duration
 
+	// MaxConcurrentRolls bounds how many groups, across every cluster the
+	// operator manages, roll their pods at once (rollslot.go; default 2).
+	MaxConcurrentRolls int
+
 	// The clock of a drained group's linger.
 	wallClock
+	// slots are the roll slots taken lately.
+	slots rollSlots
 }
 
 // RBAC: exactly what the code calls (config/rbac/role.yaml; the envtest
@@ -77,8 +83,9 @@ type ReplicaGroupReconciler struct {
 // serves that); "get" only where the code reads past the cache
 // (APIReader: ReplicaGroups, ShardMaps, StatefulSets, pods).
 //
-// ReplicaGroups: update adds the finalizer shardkv.io/drain and the
-// bootstrap-replicas annotation, and removes the finalizer once drained
+// ReplicaGroups: update adds the finalizer shardkv.io/drain, the
+// bootstrap-replicas annotation and the roll slot (rollslot.go), and
+// removes the finalizer once drained
 // (both are changes of the object itself, not of a subresource); never
 // patch. Status: update only (the group's status, and the ShardMap's
 // nextGroupID when a group id is allocated). "update" on the finalizers
@@ -211,7 +218,7 @@ func (r *ReplicaGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	var sts *appsv1.StatefulSet
 	if !deleting && !paused && sm != nil && sm.DeletionTimestamp.IsZero() &&
 		controllerutil.ContainsFinalizer(rg, Finalizer) && rg.Status.GroupID != 0 {
-		if r.image(rg) == "" {
+		if r.image(rg, sm) == "" {
 			return r.finishStatus(ctx, rg, nil, wait("NoImage", "spec.image is empty and the operator has no default image"), nil)
 		}
 		if err := r.ensureService(ctx, rg, sm); err != nil {

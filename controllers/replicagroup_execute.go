@@ -173,6 +173,24 @@ func (r *ReplicaGroupReconciler) execute(ctx context.Context, rg *shardkvv1.Repl
 		}
 		return false, ctrl.Result{}, r.deletePVC(ctx, rg, st.Ordinal, o.PVCUIDs[st.Ordinal])
 
+	case stepTakeRollSlot:
+		if err := r.takeRollSlot(ctx, rg, sm, o.UpdateRevision); errors.Is(err, errStale) {
+			return true, ctrl.Result{RequeueAfter: r.requeueShort()}, nil
+		} else if err != nil {
+			res, err := r.retryConflict(err)
+			return true, res, err
+		}
+		r.Recorder.Eventf(rg, nil, corev1.EventTypeNormal, reasonRollingUpdate, string(st.Kind), "%s", st.Message)
+		return true, ctrl.Result{RequeueAfter: time.Millisecond}, nil
+
+	case stepReleaseRollSlot:
+		if err := r.releaseRollSlot(ctx, rg); err != nil {
+			res, err := r.retryConflict(err)
+			return true, res, err
+		}
+		r.Recorder.Eventf(rg, nil, corev1.EventTypeNormal, reasonRollingUpdate, string(st.Kind), "%s", st.Message)
+		return true, ctrl.Result{RequeueAfter: time.Millisecond}, nil
+
 	case stepGrowVolume:
 		c := o.claim(st.Ordinal)
 		if c == nil {

@@ -72,6 +72,14 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 	if !o.HasFinalizer || o.GroupID == 0 {
 		return o, nil // the planner's first steps need no more
 	}
+	o.RollSlot = rg.Annotations[AnnotationRolling] != ""
+	if !o.RollSlot && !o.Deleting {
+		why, err := r.rollBlocked(ctx, rg, sm)
+		if err != nil {
+			return nil, err
+		}
+		o.RollBlocked = why
+	}
 	o.RetainedPVCs = retainedOrdinals(rg, claims)
 	o.Storage = rg.Spec.Storage
 	o.ResizeRefused = refusedResize(rg.Status.Conditions, rg.Generation)

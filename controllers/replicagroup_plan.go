@@ -66,6 +66,8 @@ const (
 	stepRecreateReplica  stepKind = "RecreateReplica" // Ordinal: delete PVC and pod of a removed replica
 	stepDeletePVC        stepKind = "DeletePVC"       // Ordinal
 	stepGrowVolume       stepKind = "GrowVolume"      // Ordinal: ask for spec.storage.size (storage.go)
+	stepTakeRollSlot     stepKind = "TakeRollSlot"    // the cluster's roll slot, before the first pod restarts
+	stepReleaseRollSlot  stepKind = "ReleaseRollSlot" // the roll is done
 	stepFinalize         stepKind = "Finalize"        // delete PVCs per retention, drop the finalizer
 )
 
@@ -87,6 +89,7 @@ const (
 	reasonScaleIn               = "ScaleIn"
 	reasonScaleOut              = "ScaleOut"
 	reasonRollingUpdate         = "RollingUpdate"
+	reasonWaitingForRollSlot    = "WaitingForRollSlot"
 	reasonJoin                  = "Join"
 	reasonUpdateServers         = "UpdateServers"
 	reasonLeave                 = "Leave"
@@ -214,6 +217,10 @@ type observed struct {
 	RetainedPVCs []int
 	// RetainedVolumesWipe: spec.retainedVolumes is Wipe.
 	RetainedVolumesWipe bool
+	// RollSlot: the group holds its cluster's roll slot (rollslot.go);
+	// RollBlocked says why it may not take it now ("": it may).
+	RollSlot    bool
+	RollBlocked string
 	// Storage is spec.storage; Claims the replicas' claims (below the set
 	// and the spec); ResizeRefused the API server's refusal of a resize
 	// at this generation (refusedResize).
@@ -663,6 +670,13 @@ func nextStep(o *observed) step {
 					return wait(reasonWaitingForRollout, "rolling update: waiting for pod %s to be healthy and caught up", p.Name)
 				}
 			}
+			if !o.RollSlot {
+				if o.RollBlocked != "" {
+					return wait(reasonWaitingForRollSlot, "rolling update of %d pods waits: %s", roll.Outdated, o.RollBlocked)
+				}
+				return step{Kind: stepTakeRollSlot, Reason: reasonRollingUpdate,
+					Message: fmt.Sprintf("rolling update: %d pods to restart, followers first, the leader last", roll.Outdated)}
+			}
 			if !roll.Leader {
 				return step{Kind: stepRestartPod, Ordinal: roll.Next, Reason: reasonRollingUpdate,
 					Message: fmt.Sprintf("rolling update: restarting follower %s", o.podName(roll.Next))}
@@ -679,6 +693,17 @@ func nextStep(o *observed) step {
 			return step{Kind: stepRestartPod, Ordinal: o.LeaderOrdinal, Reason: reasonRollingUpdate,
 				Message: fmt.Sprintf("rolling update: restarting %s, the only replica", o.podName(o.LeaderOrdinal))}
 		}
+	}
+	if o.RollSlot && o.UpdateRevision != "" {
+		// The next group rolls only once this one is whole again.
+		for i := range S {
+			p := o.pod(i)
+			ms := o.membersAt(i)
+			if !p.Exists || p.Deleting || !p.Ready || len(ms) != 1 || !o.healthy(ms[0]) {
+				return wait(reasonWaitingForRollout, "rolling update: waiting for pod %s to be back, ready and caught up", o.podName(i))
+			}
+		}
+		return step{Kind: stepReleaseRollSlot, Reason: reasonRollingUpdate, Message: "rolling update done: every pod runs the new template and is caught up"}
 	}
 	// 10. Nothing to do, but a scale-in's pods are still terminating, or a
 	// member is not healthy yet (a pod coming back, a replica catching

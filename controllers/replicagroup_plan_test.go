@@ -279,10 +279,10 @@ func TestPlanRollingUpdate(t *testing.T) {
 	w.updateRev = "rev2"
 	w.restartDelay = 2
 	steps := w.run(40)
-	expectSteps(t, steps, "RestartPod(2) RestartPod(1) TransferLeader(2) RestartPod(0) Idle")
-	// Each restart waited for the previous pod to come back.
+	expectSteps(t, steps, "TakeRollSlot RestartPod(2) RestartPod(1) TransferLeader(2) RestartPod(0) ReleaseRollSlot Idle")
+	// Each restart waited (the slot's release too) for the previous pod to come back.
 	for i, s := range steps {
-		if s.Kind == stepRestartPod && i+1 < len(steps) && steps[i+1].Kind != stepWait {
+		if s.Kind == stepRestartPod && i+1 < len(steps) && steps[i+1].Kind != stepWait { // the slot is released only once the last pod is back
 			t.Fatalf("step after %s is %s, want a wait: %s", s, steps[i+1], stepsString(steps))
 		}
 	}
@@ -315,6 +315,7 @@ func TestPlanRollingUpdateWaitsForContact(t *testing.T) {
 	w := newSimGroup(t, 3, 9)
 	w.updateRev = "rev2"
 	w.pods[2].rev = "rev2" // restarted first (the highest follower)
+	w.rollSlot = true
 	w.pods[2].lonely = true
 	if st := nextStep(w.observe()); st.Kind != stepWait || st.Reason != reasonWaitingForRollout || !strings.Contains(st.Message, "rg-2") {
 		t.Fatalf("step %s, want a wait for pod 2 to hear from the leader", st)
@@ -334,7 +335,30 @@ func TestPlanRollingUpdateWaitsForContact(t *testing.T) {
 func TestPlanRollingUpdateSingleReplica(t *testing.T) {
 	w := newSimGroup(t, 1, 9)
 	w.updateRev = "rev2"
-	expectSteps(t, w.run(10), "RestartPod(0) Idle")
+	expectSteps(t, w.run(10), "TakeRollSlot RestartPod(0) ReleaseRollSlot Idle")
+}
+
+// TestPlanRollWaitsForSlot: a group rolls only with its cluster's roll
+// slot, and keeps rolling once it has it.
+func TestPlanRollWaitsForSlot(t *testing.T) {
+	w := newSimGroup(t, 3, 9)
+	w.updateRev = "rev2"
+	w.rollBlocked = "group b is rolling (one group of a cluster at a time)"
+	st := nextStep(w.observe())
+	if st.Kind != stepWait || st.Reason != reasonWaitingForRollSlot || st.Message != "rolling update of 3 pods waits: group b is rolling (one group of a cluster at a time)" {
+		t.Fatalf("step %s %q, want the slot wait", st, st.Message)
+	}
+	w.rollBlocked = ""
+	for _, want := range []stepKind{stepTakeRollSlot, stepRestartPod} {
+		st := nextStep(w.observe())
+		if st.Kind != want {
+			t.Fatalf("step %s, want %s", st, want)
+		}
+		w.apply(st)
+	}
+	// Held: what would block taking it does not stop the roll.
+	w.rollBlocked = "the controller group rolls first: 2 of its 3 pods updated, 3 ready"
+	expectSteps(t, w.run(30), "RestartPod(1) TransferLeader(2) RestartPod(0) ReleaseRollSlot Idle")
 }
 
 // TestPlanClusterDeleting: a group of a ShardMap being deleted changes

@@ -60,8 +60,12 @@ type simWorld struct {
 	smGone         bool
 	// The ShardMap is being deleted; so is every group of it.
 	clusterDeleting, clusterGroupsDeleting bool
-	phase                                  string
-	nextID                                 uint64
+	// rollSlot: the group holds its cluster's roll slot; rollBlocked: why
+	// it may not take it.
+	rollSlot    bool
+	rollBlocked string
+	phase       string
+	nextID      uint64
 	// lag: new learners start behind and catch up on the next tick.
 	lag bool
 	// restartDelay: a restarted pod is back after this many ticks.
@@ -150,7 +154,7 @@ func (w *simWorld) observe() *observed {
 	o := &observed{Name: w.name, Namespace: w.ns, Deleting: w.deleting, HasFinalizer: w.finalizer, Paused: w.paused,
 		ShardMapGone: w.smGone, ClusterDeleting: w.clusterDeleting, ClusterGroupsDeleting: w.clusterGroupsDeleting, GroupID: w.gid, Phase: w.phase, Desired: int32(w.desired), Bootstrap: int32(w.bootstrap),
 		Weight: 1, StsReplicas: int32(w.sts), UpdateRevision: w.updateRev, PVCRetentionDelete: w.retention,
-		Pods: map[int]*podView{}, LeaderOrdinal: -1, Reports: w.reports}
+		Pods: map[int]*podView{}, LeaderOrdinal: -1, Reports: w.reports, RollSlot: w.rollSlot, RollBlocked: w.rollBlocked}
 	if w.config != nil {
 		o.Config = w.config
 	}
@@ -237,6 +241,10 @@ func (w *simWorld) apply(st step) {
 			w.drainedAt = w.now // what computeStatus records
 		}
 		w.tick()
+	case stepTakeRollSlot:
+		w.rollSlot = true
+	case stepReleaseRollSlot:
+		w.rollSlot = false
 	case stepScaleStatefulSet:
 		for i := int(st.Replicas); i < w.sts; i++ {
 			if p := w.pods[i]; p != nil {

@@ -6,6 +6,7 @@ package controllers
 // is the planner's).
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -100,11 +101,10 @@ func pvcOrdinal(rg, name string) int {
 	return podOrdinal(rg, pod)
 }
 
-func (r *ReplicaGroupReconciler) image(rg *shardkvv1.ReplicaGroup) string {
-	if rg.Spec.Image != "" {
-		return rg.Spec.Image
-	}
-	return r.DefaultImage
+// image is the group's node image: its own, else its cluster's, else the
+// operator's default.
+func (r *ReplicaGroupReconciler) image(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap) string {
+	return cmp.Or(rg.Spec.Image, sm.Spec.Image, r.DefaultImage)
 }
 
 // nodeArgs are the replica's `node serve` flags (docs/node.md).
@@ -171,7 +171,7 @@ func (r *ReplicaGroupReconciler) podTemplate(rg *shardkvv1.ReplicaGroup, sm *sha
 			SecurityContext:               nodePodSecurityContext(),
 			Containers: []corev1.Container{{
 				Name:            nodeContainer,
-				Image:           r.image(rg),
+				Image:           r.image(rg, sm),
 				ImagePullPolicy: pull,
 				// The image has no ENTRYPOINT (Dockerfile).
 				Command: []string{"/node"},

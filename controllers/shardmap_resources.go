@@ -6,6 +6,7 @@ package controllers
 // the planner sees a change without comparing against API-server defaults.
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 
@@ -67,10 +68,7 @@ func smCtrlerReplicas(sm *shardkvv1.ShardMap) int32 {
 }
 
 func (r *ShardMapReconciler) ctrlerImage(sm *shardkvv1.ShardMap) string {
-	if sm.Spec.Controller.Image != "" {
-		return sm.Spec.Controller.Image
-	}
-	return r.DefaultImage
+	return cmp.Or(sm.Spec.Controller.Image, sm.Spec.Image, r.DefaultImage)
 }
 
 // ctrlerArgs are the controller replicas' `node serve` flags (docs/node.md).

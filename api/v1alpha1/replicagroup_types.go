@@ -26,7 +26,8 @@ type ReplicaGroupSpec struct {
 	// +optional
 	Weight int32 `json:"weight,omitempty"`
 
-	// Image of the node binary; defaults to the operator's own image.
+	// Image of the node binary; defaults to the ShardMap's spec.image,
+	// then the operator's own image.
 	// +optional
 	Image string `json:"image,omitempty"`
 	// ImagePullPolicy defaults to IfNotPresent, so offline clusters work.

@@ -26,6 +26,16 @@ type ShardMapSpec struct {
 	// +optional
 	Placement string `json:"placement,omitempty"`
 
+	// Image of the node binary for the whole cluster: the controller
+	// group (unless spec.controller.image is set) and every ReplicaGroup
+	// that does not set its own spec.image. Unset, the operator's default
+	// image, so an operator upgrade that changes its default image rolls
+	// the cluster; set, only a change here does. A change rolls the
+	// controller group first, then the data groups one at a time, each
+	// followers first and its leader last (docs/operator.md, "Upgrades").
+	// +optional
+	Image string `json:"image,omitempty"`
+
 	// Controller is the shard controller group.
 	// +kubebuilder:default={}
 	// +optional
@@ -113,7 +123,8 @@ type ControllerSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="controller replicas cannot change yet: resizing the controller group is not supported"
 	// +optional
 	Replicas int32 `json:"replicas,omitempty"`
-	// Image of the node binary; defaults to the operator's own image.
+	// Image of the controller's node binary; defaults to spec.image, then
+	// the operator's own image.
 	// +optional
 	Image string `json:"image,omitempty"`
 	// +kubebuilder:default=IfNotPresent

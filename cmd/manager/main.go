@@ -52,6 +52,7 @@ func run(args []string) int {
 		leaderElect    = fs.Bool("leader-elect", false, "elect a leader (Lease shardkv-operator) so only one manager replica reconciles")
 		leaderNS       = fs.String("leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's namespace; required with --leader-elect outside a cluster)")
 		defaultImage   = fs.String("default-image", envOr("SHARDKV_IMAGE", "shardkv:dev"), "node image for pods whose spec sets none (env SHARDKV_IMAGE)")
+		maxRolls       = fs.Int("max-concurrent-rolls", 2, "at most this many data groups, across every cluster the operator manages, restart their pods for a template change at once (each cluster rolls one group at a time, after its controller group)")
 		dialPodIPs     = fs.Bool("dial-pod-ips", false, "reach replicas at their pod IPs instead of cluster DNS names (an operator running outside the cluster, e.g. make run-manager)")
 		tlsPropagation = fs.Duration("tls-propagation", controllers.DefaultTLSPropagation, "how long a CA rotation lets each Secret change reach every pod (kubelet refreshes mounted Secrets on its sync period, 1m by default) before relying on it")
 		watchNS        = fs.String("watch-namespace", "", "watch and manage only this namespace (default: all namespaces); the manager then needs only a Role there (config/namespaced)")
@@ -149,14 +150,15 @@ func run(args []string) int {
 		return 1
 	}
 	if err := (&controllers.ReplicaGroupReconciler{
-		Client:       mgr.GetClient(),
-		APIReader:    mgr.GetAPIReader(),
-		Scheme:       mgr.GetScheme(),
-		Recorder:     mgr.GetEventRecorder("replicagroup-controller"),
-		DataPlane:    dp,
-		Credentials:  creds,
-		DefaultImage: *defaultImage,
-		DialPodIPs:   *dialPodIPs,
+		Client:             mgr.GetClient(),
+		APIReader:          mgr.GetAPIReader(),
+		Scheme:             mgr.GetScheme(),
+		Recorder:           mgr.GetEventRecorder("replicagroup-controller"),
+		DataPlane:          dp,
+		Credentials:        creds,
+		DefaultImage:       *defaultImage,
+		DialPodIPs:         *dialPodIPs,
+		MaxConcurrentRolls: *maxRolls,
 	}).SetupWithManager(mgr); err != nil {
 		setupLog.Error(err, "unable to set up the ReplicaGroup reconciler")
 		return 1
