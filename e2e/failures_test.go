@@ -102,17 +102,17 @@ func (e *env) follower(t *testing.T, g string) shardkvv1.Member {
 	return shardkvv1.Member{}
 }
 
-// rollingUpdate moves every pod to a second tag of the image: the
-// controller group's and each data group's, one pod at a time, leader last.
+// rollingUpdate upgrades the cluster to a second tag of the image by its
+// ShardMap's spec.image alone: the controller group first, then one data
+// group at a time, each one pod at a time, leader last, with no failed
+// operation in either workload.
 func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
 	st0 := e.workloadSnapshot(t)
 	rollStart := time.Now()
 	sets := []string{controllers.CtrlerName(sm), "demo-a", "demo-b", "demo-c"}
 	logs := e.followLogs(t, sets...)
-	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"controller":{"image":%q}}}`, e.image2))
-	for g := range base {
-		e.k(t, "patch", "replicagroup/"+g, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"image":%q}}`, e.image2))
-	}
+	// One field upgrades the whole cluster.
+	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"image":%q}}`, e.image2))
 	e.eventually(t, 2*settle, "every pod runs "+e.image2, func() (bool, string) {
 		var old []string
 		for _, s := range sets {
@@ -125,8 +125,12 @@ func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
 		return len(old) == 0, "not yet rolled or not ready: " + strings.Join(old, ",")
 	})
 	e.waitSettled(t, settle, sm, base)
+	e.checkRollOrder(t, rollStart, sets)
 	for g := range base {
 		evs := e.events(t, "ReplicaGroup", g, rollStart)
+		if !containsPrefix(evs, "RollingUpdate\trolling update: 3 pods to restart") || !containsPrefix(evs, "RollingUpdate\trolling update done") {
+			t.Errorf("%s: no roll slot taken and released; events:\n%s", g, strings.Join(evs, "\n"))
+		}
 		restarts, transfers := 0, 0
 		for _, ev := range evs {
 			switch {
@@ -148,6 +152,49 @@ func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
 	if t.Failed() {
 		for _, pod := range slices.Sorted(maps.Keys(warned)) {
 			t.Logf("--- %s: warnings and errors during the roll\n%s", pod, tail(strings.Join(warned[pod], "\n"), 40))
+		}
+	}
+}
+
+// checkRollOrder checks the order of an upgrade from the creation times of
+// the pods that replaced those of sets (the controller's first): every
+// controller pod before any data pod, and each data group's pods all
+// before, or all after, another's (one group of a cluster at a time).
+func (e *env) checkRollOrder(t *testing.T, since time.Time, sets []string) {
+	t.Helper()
+	type span struct {
+		set         string
+		first, last time.Time
+	}
+	var spans []span
+	for _, s := range sets {
+		var sp span
+		sp.set = s
+		for _, p := range e.pods(t, s) {
+			c := p.CreationTimestamp.Time
+			if c.Before(since.Truncate(time.Second)) {
+				t.Errorf("%s was not restarted by the upgrade (created %s)", p.Name, c.Format(time.TimeOnly))
+				continue
+			}
+			if sp.first.IsZero() || c.Before(sp.first) {
+				sp.first = c
+			}
+			if c.After(sp.last) {
+				sp.last = c
+			}
+		}
+		t.Logf("%s: pods replaced from %s to %s", s, sp.first.Format(time.TimeOnly), sp.last.Format(time.TimeOnly))
+		spans = append(spans, sp)
+	}
+	for i, a := range spans {
+		for _, b := range spans[i+1:] {
+			if i == 0 && b.first.Before(a.last) {
+				t.Errorf("%s's pods were replaced from %s, before the controller group's last at %s", b.set, b.first.Format(time.TimeOnly), a.last.Format(time.TimeOnly))
+			}
+			if i > 0 && b.first.Before(a.last) && a.first.Before(b.last) {
+				t.Errorf("%s (%s-%s) and %s (%s-%s) rolled together", a.set, a.first.Format(time.TimeOnly), a.last.Format(time.TimeOnly),
+					b.set, b.first.Format(time.TimeOnly), b.last.Format(time.TimeOnly))
+			}
 		}
 	}
 }
