@@ -2,8 +2,11 @@ package node
 
 import (
 	"context"
+	"regexp"
+	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shardkv/shardkv/pkg/shardkv"
@@ -87,16 +90,94 @@ var (
 	descRESPUnk    = prometheus.NewDesc("shardkv_resp_outcome_unknown_total", "Redis writes answered 'outcome unknown' (proposed, result not known).", nil, nil)
 	descRESPReject = prometheus.NewDesc("shardkv_resp_rejected_connections_total", "Redis connections refused at the client limit.", nil, nil)
 	descRESPAuth   = prometheus.NewDesc("shardkv_resp_auth_failures_total", "Failed Redis AUTHs (wrong user or password, or a user turned off).", nil, nil)
+	descVoters     = prometheus.NewDesc("shardkv_raft_voters", "Voting members of the group, as this replica knows its configuration (quorum: voters/2+1).", nil, nil)
+	descReachable  = prometheus.NewDesc("shardkv_raft_voters_reachable", "Leader only: voters, itself included, heard from within the last 3s (below quorum: writes stop).", nil, nil)
+	descTickGap    = prometheus.NewDesc("shardkv_raft_max_tick_gap_seconds", "Longest time between two Raft ticks since start (near the election timeout: followers may start elections).", nil, nil)
+	descStateAge   = prometheus.NewDesc("shardkv_shard_state_age_seconds", "For each shard in a state other than Serving: seconds since this replica's metrics first saw it in that state for that config (first seen at a scrape; a restart starts again from 0).", []string{"shard", "state"}, nil)
+	descDiskSize   = prometheus.NewDesc("shardkv_disk_capacity_bytes", "Size of the filesystem that holds --data-dir.", nil, nil)
+	descDiskAvail  = prometheus.NewDesc("shardkv_disk_available_bytes", "Bytes of the --data-dir filesystem available to the replica (statfs f_bavail).", nil, nil)
 )
 
+// allDescs are every family the collector may export; some appear only in
+// some states (a copy in progress, an error seen, a data-group replica).
+var allDescs = []*prometheus.Desc{descTerm, descCommit, descApplied, descLeader, descProposals, descPropFailed, descFsyncs,
+	descRounds, descReadIndex, descSnapSent, descSnapRecv, descDropped, descShards, descMigKeys, descMigBytes, descGCKeys, descErrors, descConfig,
+	descMovePause, descCopyKeys, descCopyTotal, descCopyBytes, descCopyTotB, descCopyLag,
+	descRESPConns, descRESPCmds, descRESPRefuse, descRESPUnk, descRESPReject, descRESPAuth,
+	descVoters, descReachable, descTickGap, descStateAge, descDiskSize, descDiskAvail}
+
+// reachableWithin is how recently a leader must have heard from a voter
+// to count it reachable: maxLeaderSilence, the readiness bound of a
+// follower, seen from the other side.
+const reachableWithin = maxLeaderSilence
+
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+// MetricNames are the names of every metric family /metrics may serve
+// (histograms and summaries without their _bucket, _sum, _count series):
+// for checks of dashboards and alert rules.
+func MetricNames() []string {
+	var out []string
+	for _, d := range allDescs {
+		if m := fqName.FindStringSubmatch(d.String()); m != nil {
+			out = append(out, m[1])
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// stateKey is one shard's stay in one state (a new config is a new stay).
+type stateKey struct {
+	shard  int
+	state  shardkv.ShardState
+	config uint64
+}
+
+// stateAges remembers when the metrics first saw each shard's current
+// non-Serving state.
+type stateAges struct {
+	mu    sync.Mutex
+	since map[stateKey]time.Time
+}
+
+// observe returns the age of every shard not Serving, forgetting stays
+// that ended.
+func (a *stateAges) observe(shards map[int]shardkv.ShardMeta, now time.Time) map[stateKey]time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.since == nil {
+		a.since = map[stateKey]time.Time{}
+	}
+	out := map[stateKey]time.Duration{}
+	for s, m := range shards {
+		if m.State == shardkv.Serving || m.State == shardkv.NotOwned {
+			continue
+		}
+		k := stateKey{s, m.State, m.Config}
+		t, ok := a.since[k]
+		if !ok {
+			t = now
+			a.since[k] = t
+		}
+		out[k] = now.Sub(t)
+	}
+	for k := range a.since {
+		if _, ok := out[k]; !ok {
+			delete(a.since, k)
+		}
+	}
+	return out
+}
+
 // collector reads the replica's counters at scrape time.
-type collector struct{ n *Node }
+type collector struct {
+	n    *Node
+	ages stateAges
+}
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descTerm, descCommit, descApplied, descLeader, descProposals, descPropFailed, descFsyncs,
-		descRounds, descReadIndex, descSnapSent, descSnapRecv, descDropped, descShards, descMigKeys, descMigBytes, descGCKeys, descErrors, descConfig,
-		descMovePause, descCopyKeys, descCopyTotal, descCopyBytes, descCopyTotB, descCopyLag,
-		descRESPConns, descRESPCmds, descRESPRefuse, descRESPUnk, descRESPReject, descRESPAuth} {
+	for _, d := range allDescs {
 		ch <- d
 	}
 }
@@ -127,10 +208,33 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descSnapSent, m.SnapshotsSent.Load())
 	counter(descSnapRecv, m.SnapshotsReceived.Load())
 	counter(descDropped, m.MessagesDropped.Load())
+	gauge(descTickGap, float64(m.MaxTickGapNanos.Load())/1e9)
+	voters, reachable := 0, 0
+	for _, mb := range st.Members {
+		if mb.Learner {
+			continue
+		}
+		voters++
+		if mb.HeardAgo >= 0 && mb.HeardAgo < reachableWithin {
+			reachable++
+		}
+	}
+	gauge(descVoters, float64(voters))
+	if leader == 1 {
+		gauge(descReachable, float64(reachable))
+	}
+	if size, avail, err := diskUsage(c.n.opts.DataDir); err == nil {
+		gauge(descDiskSize, float64(size))
+		gauge(descDiskAvail, float64(avail))
+	}
 	if sm := c.n.groupSM; sm != nil {
 		states := []shardkv.ShardState{shardkv.Serving, shardkv.PreCopying, shardkv.Pulling, shardkv.Acking, shardkv.BePulling, shardkv.GCing}
 		counts := map[shardkv.ShardState]int{}
-		for s, meta := range sm.Shards() {
+		shards := sm.Shards()
+		for k, age := range c.ages.observe(shards, time.Now()) {
+			gauge(descStateAge, age.Seconds(), strconv.Itoa(k.shard), string(k.state))
+		}
+		for s, meta := range shards {
 			counts[meta.State]++
 			if meta.State != shardkv.PreCopying && meta.State != shardkv.Pulling {
 				continue
