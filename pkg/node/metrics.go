@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,13 +17,61 @@ import (
 )
 
 // errorCounter counts failed gRPC calls by error kind (the ErrorInfo reason,
-// else the gRPC code).
+// else the gRPC code), and times unary calls by method.
 type errorCounter struct {
 	mu     sync.Mutex
 	counts map[string]uint64
+	lat    map[string]*latency
 }
 
-func newErrorCounter() *errorCounter { return &errorCounter{counts: map[string]uint64{}} }
+// latencyBuckets are the upper bounds of shardkv_grpc_request_duration_seconds.
+var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+
+// latency is one method's histogram: counts[i] calls took at most
+// latencyBuckets[i] (not cumulative), n calls in all, sum seconds.
+type latency struct {
+	counts []uint64
+	n      uint64
+	sum    float64
+}
+
+func newErrorCounter() *errorCounter {
+	return &errorCounter{counts: map[string]uint64{}, lat: map[string]*latency{}}
+}
+
+func (e *errorCounter) observe(method string, d time.Duration) {
+	s := d.Seconds()
+	i, _ := slices.BinarySearch(latencyBuckets, s)
+	e.mu.Lock()
+	l := e.lat[method]
+	if l == nil {
+		l = &latency{counts: make([]uint64, len(latencyBuckets))}
+		e.lat[method] = l
+	}
+	if i < len(l.counts) {
+		l.counts[i]++
+	}
+	l.n++
+	l.sum += s
+	e.mu.Unlock()
+}
+
+// latencies are the histograms as Prometheus wants them: cumulative.
+func (e *errorCounter) latencies() map[string]latency {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string]latency, len(e.lat))
+	for m, l := range e.lat {
+		cum := make([]uint64, len(l.counts))
+		var c uint64
+		for i, v := range l.counts {
+			c += v
+			cum[i] = c
+		}
+		out[m] = latency{counts: cum, n: l.n, sum: l.sum}
+	}
+	return out
+}
 
 func (e *errorCounter) note(err error) {
 	if err == nil {
@@ -37,8 +86,10 @@ func (e *errorCounter) note(err error) {
 	e.mu.Unlock()
 }
 
-func (e *errorCounter) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+func (e *errorCounter) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	start := time.Now()
 	rep, err := h(ctx, req)
+	e.observe(strings.TrimPrefix(info.FullMethod, "/"), time.Since(start))
 	e.note(err)
 	return rep, err
 }
@@ -95,6 +146,7 @@ var (
 	descTickGap    = prometheus.NewDesc("shardkv_raft_max_tick_gap_seconds", "Longest time between two Raft ticks since start (near the election timeout: followers may start elections).", nil, nil)
 	descStateAge   = prometheus.NewDesc("shardkv_shard_state_age_seconds", "For each shard in a state other than Serving: seconds since this replica's metrics first saw it in that state for that config (first seen at a scrape; a restart starts again from 0).", []string{"shard", "state"}, nil)
 	descDiskSize   = prometheus.NewDesc("shardkv_disk_capacity_bytes", "Size of the filesystem that holds --data-dir.", nil, nil)
+	descGRPCLat    = prometheus.NewDesc("shardkv_grpc_request_duration_seconds", "Time to serve unary gRPC calls (KV reads and writes of Go clients, admin, controller queries), by method, errors included.", []string{"method"}, nil)
 	descDiskAvail  = prometheus.NewDesc("shardkv_disk_available_bytes", "Bytes of the --data-dir filesystem available to the replica (statfs f_bavail).", nil, nil)
 )
 
@@ -104,7 +156,7 @@ var allDescs = []*prometheus.Desc{descTerm, descCommit, descApplied, descLeader,
 	descRounds, descReadIndex, descSnapSent, descSnapRecv, descDropped, descShards, descMigKeys, descMigBytes, descGCKeys, descErrors, descConfig,
 	descMovePause, descCopyKeys, descCopyTotal, descCopyBytes, descCopyTotB, descCopyLag,
 	descRESPConns, descRESPCmds, descRESPRefuse, descRESPUnk, descRESPReject, descRESPAuth,
-	descVoters, descReachable, descTickGap, descStateAge, descDiskSize, descDiskAvail}
+	descVoters, descReachable, descTickGap, descStateAge, descDiskSize, descDiskAvail, descGRPCLat}
 
 // reachableWithin is how recently a leader must have heard from a voter
 // to count it reachable: maxLeaderSilence, the readiness bound of a
@@ -279,5 +331,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for kind, v := range c.n.errs.snapshot() {
 		counter(descErrors, v, kind)
+	}
+	for method, l := range c.n.errs.latencies() {
+		buckets := make(map[float64]uint64, len(latencyBuckets))
+		for i, b := range latencyBuckets {
+			buckets[b] = l.counts[i]
+		}
+		ch <- prometheus.MustNewConstHistogram(descGRPCLat, l.n, l.sum, buckets, method)
 	}
 }

@@ -186,3 +186,19 @@ func TestMetricNames(t *testing.T) {
 		}
 	}
 }
+
+// TestRequestLatency: unary calls land in cumulative buckets by method,
+// and the collector serves them as shardkv_grpc_request_duration_seconds.
+func TestRequestLatency(t *testing.T) {
+	e := newErrorCounter()
+	e.observe("shardkv.KV/Write", 300*time.Microsecond)
+	e.observe("shardkv.KV/Write", 3*time.Millisecond)
+	e.observe("shardkv.KV/Write", time.Minute)
+	l := e.latencies()["shardkv.KV/Write"]
+	if l.n != 3 || l.counts[0] != 1 || l.counts[3] != 2 || l.counts[len(l.counts)-1] != 2 {
+		t.Fatalf("histogram %+v: want 3 calls, 1 within 0.5ms, 2 within 5ms and 10s", l)
+	}
+	if l.sum < 60 || l.sum > 60.01 {
+		t.Fatalf("sum %v, want about 60.0033", l.sum)
+	}
+}
