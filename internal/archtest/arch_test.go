@@ -52,6 +52,7 @@ var allowed = map[string][]string{
 	"internal/archtest":       nil,
 	"internal/durable":        nil,
 	"internal/lazyfs":         nil, // test-only: a filesystem that forgets unsynced data
+	"config/monitoring":       nil, // test-only: checks the alert rules and dashboard against the metrics
 	"e2e":                     nil, // drives a cluster through kubectl and the image's kvctl only
 }
 
