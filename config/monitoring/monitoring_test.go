@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -437,6 +439,64 @@ func TestManifestsParse(t *testing.T) {
 		}
 		if m["kind"] == nil {
 			t.Errorf("%s: no kind", f.Name())
+		}
+	}
+}
+
+// TestAlertRules runs promtool (Debian's prometheus package) on the rules:
+// `promtool check rules` on them as they are (expressions, durations,
+// annotation templates), and `promtool test rules` with
+// testdata/alerts_test.yaml on a copy without annotations, so the tests
+// say when each alert fires and with which labels, not its wording.
+func TestAlertRules(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatal("promtool not found: apt-get install prometheus (Debian's package has it)")
+	}
+	b, err := os.ReadFile("prometheusrule.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pr struct {
+		Spec struct {
+			Groups []map[string]any `json:"groups"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(b, &pr); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	write := func(name string, v any) string {
+		out, err := yaml.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, out, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	full := write("full.yaml", map[string]any{"groups": pr.Spec.Groups})
+	for _, g := range pr.Spec.Groups {
+		rs, _ := g["rules"].([]any)
+		for _, r := range rs {
+			delete(r.(map[string]any), "annotations")
+		}
+	}
+	write("rules.yaml", map[string]any{"groups": pr.Spec.Groups})
+	tests, err := os.ReadFile("testdata/alerts_test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "alerts_test.yaml"), tests, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"check", "rules", full}, {"test", "rules", "alerts_test.yaml"}} {
+		cmd := exec.Command(promtool, args...)
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args[:2], " "), err, out)
 		}
 	}
 }
