@@ -500,3 +500,71 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 }
+
+// promLabel is how Prometheus's Kubernetes discovery names a pod label.
+func promLabel(k8sLabel string) string {
+	return "__meta_kubernetes_pod_label_" + regexp.MustCompile(`[^a-zA-Z0-9_]`).ReplaceAllString(k8sLabel, "_")
+}
+
+// TestPodMonitorMatchesPods: the PodMonitor selects the labels the
+// operator puts on its pods (controllers' constants), on the port name
+// its containers use, and its relabelings read those labels.
+func TestPodMonitorMatchesPods(t *testing.T) {
+	b, err := os.ReadFile("podmonitor.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pm struct {
+		Spec struct {
+			Selector struct {
+				MatchLabels      map[string]string `json:"matchLabels"`
+				MatchExpressions []struct {
+					Key      string   `json:"key"`
+					Operator string   `json:"operator"`
+					Values   []string `json:"values"`
+				} `json:"matchExpressions"`
+			} `json:"selector"`
+			Endpoints []struct {
+				Port        string `json:"port"`
+				Path        string `json:"path"`
+				Relabelings []struct {
+					SourceLabels []string `json:"sourceLabels"`
+					TargetLabel  string   `json:"targetLabel"`
+				} `json:"relabelings"`
+			} `json:"podMetricsEndpoints"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(b, &pm); err != nil {
+		t.Fatal(err)
+	}
+	sel := pm.Spec.Selector
+	if len(sel.MatchLabels) != 2 || sel.MatchLabels[controllers.LabelName] != "shardkv" || sel.MatchLabels[controllers.LabelManagedBy] != controllers.ManagedBy {
+		t.Errorf("matchLabels %v, want %s=shardkv, %s=%s", sel.MatchLabels, controllers.LabelName, controllers.LabelManagedBy, controllers.ManagedBy)
+	}
+	if len(sel.MatchExpressions) != 1 || sel.MatchExpressions[0].Key != controllers.LabelComponent ||
+		!slices.Equal(sel.MatchExpressions[0].Values, []string{controllers.ComponentGroup, controllers.ComponentController}) {
+		t.Errorf("matchExpressions %+v, want %s in [%s %s]", sel.MatchExpressions, controllers.LabelComponent, controllers.ComponentGroup, controllers.ComponentController)
+	}
+	if len(pm.Spec.Endpoints) != 1 || pm.Spec.Endpoints[0].Port != "http" || pm.Spec.Endpoints[0].Path != "/metrics" {
+		t.Fatalf("endpoints %+v, want port http (%d), /metrics", pm.Spec.Endpoints, controllers.HTTPPort)
+	}
+	want := map[string]string{"shardmap": promLabel(controllers.LabelInstance), "component": promLabel(controllers.LabelComponent),
+		"replicagroup": promLabel(controllers.LabelGroup)}
+	known := []string{want["shardmap"], want["component"], want["replicagroup"]}
+	for _, r := range pm.Spec.Endpoints[0].Relabelings {
+		for _, s := range r.SourceLabels {
+			if !slices.Contains(known, s) {
+				t.Errorf("relabeling to %s reads %s, not a label the operator sets", r.TargetLabel, s)
+			}
+		}
+		if w, ok := want[r.TargetLabel]; ok && len(r.SourceLabels) == 1 {
+			if r.SourceLabels[0] != w {
+				t.Errorf("%s comes from %s, want %s", r.TargetLabel, r.SourceLabels[0], w)
+			}
+			delete(want, r.TargetLabel)
+		}
+	}
+	if len(want) > 0 {
+		t.Errorf("no relabeling sets %v", want)
+	}
+}
