@@ -83,9 +83,10 @@ func TestShardMapCreatesObjects(t *testing.T) {
 	if len(c.Env) != 1 || c.Env[0].Name != "POD_NAME" || c.Env[0].ValueFrom == nil || c.Env[0].ValueFrom.FieldRef == nil || c.Env[0].ValueFrom.FieldRef.FieldPath != "metadata.name" {
 		t.Errorf("env %+v", c.Env)
 	}
-	for what, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
-		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port.String() != "http" {
-			t.Errorf("%s probe %+v", what, p)
+	// Ready is Raft health; live is "the process answers".
+	for what, p := range map[string]*corev1.Probe{"/readyz": c.ReadinessProbe, "/healthz": c.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != what || p.HTTPGet.Port.String() != "http" {
+			t.Errorf("probe %+v, want %s", p, what)
 		}
 	}
 	if q := c.Resources.Requests[corev1.ResourceCPU]; q.String() != "100m" {

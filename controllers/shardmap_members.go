@@ -42,7 +42,7 @@ const (
 // an id the group does not list yet; the message says which step.
 const ReasonReplacingCtrlerReplica = "ReplacingControllerReplica"
 
-// observeCtrlerMembers asks each ready controller pod which replica it
+// observeCtrlerMembers asks each running controller pod which replica it
 // runs (o.CtrlerPods, by ordinal), once the controller answered
 // (o.Cluster). A pod that does not answer is left out.
 func (r *ShardMapReconciler) observeCtrlerMembers(ctx context.Context, sm *shardkvv1.ShardMap, o *smObserved, pods []corev1.Pod) {
@@ -62,7 +62,9 @@ func (r *ShardMapReconciler) observeCtrlerMembers(ctx context.Context, sm *shard
 		if ord >= 0 && p.DeletionTimestamp.IsZero() {
 			o.ctrlerPodObjs[ord] = p
 		}
-		if ord < 0 || ord >= int(o.Bootstrap) || !p.DeletionTimestamp.IsZero() || !podReady(p) {
+		// Running, not ready: a replica waiting to be added is not ready
+		// (readiness is Raft health) and is the one to ask.
+		if ord < 0 || ord >= int(o.Bootstrap) || !p.DeletionTimestamp.IsZero() || p.Status.Phase != corev1.PodRunning {
 			continue
 		}
 		addr := r.ctrlerPodDialAddr(sm, ord, p)

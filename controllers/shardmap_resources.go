@@ -110,10 +110,14 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 				Args:    ctrlerArgs(sm, bootstrap),
 				Env:     []corev1.EnvVar{podNameEnv()},
 				Ports:   containerPorts("grpc", "http"),
-				// /healthz answers while the process runs. Readiness must
-				// not need a leader (/readyz does): a bootstrapping group
-				// has none until a quorum of pods runs.
-				ReadinessProbe:  httpProbe("/healthz", 0, 5, 2, 3),
+				// Ready is Raft health (/readyz), as for data pods: a
+				// member that hears its leader, caught up, in an
+				// initialised cluster. So the PodDisruptionBudget counts
+				// only such replicas, and a roll moves on only once the
+				// restarted pod is caught up. Pods start in parallel and
+				// the Service publishes pods that are not ready, so a
+				// bootstrapping group still forms its quorum.
+				ReadinessProbe:  httpProbe("/readyz", 0, 2, 2, 3),
 				LivenessProbe:   httpProbe("/healthz", 10, 10, 5, 6),
 				Resources:       *sm.Spec.Controller.Resources.DeepCopy(),
 				VolumeMounts:    []corev1.VolumeMount{{Name: dataVolume, MountPath: "/data"}},

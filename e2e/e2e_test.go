@@ -222,6 +222,8 @@ func TestE2E(t *testing.T) {
 
 	run("ControllerLeaderLoss", func(t *testing.T) { e.controllerLeaderLoss(t) })
 
+	run("ControllerDiskLoss", func(t *testing.T) { e.controllerDiskLoss(t) })
+
 	run("TLS", func(t *testing.T) { e.tlsCluster(t) })
 
 	run("ReadBack", func(t *testing.T) {

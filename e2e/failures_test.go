@@ -293,6 +293,56 @@ func (e *env) controllerLeaderLoss(t *testing.T) {
 	e.workloadsProgress(t)
 }
 
+// controllerDiskLoss: a controller follower loses its disk (its claim
+// deleted, its pod force-deleted). The pod comes back empty under a fresh
+// replica id; the operator adds it as a learner, promotes it and removes
+// the old id, so the group is three healthy voters again, with no failed
+// operation in either workload.
+func (e *env) controllerDiskLoss(t *testing.T) {
+	st0 := e.workloadSnapshot(t)
+	name := controllers.CtrlerName(sm)
+	leader := podOfAddr(e.kvctlStatus(t, sm).Controller.LeaderAddr)
+	lost := ""
+	for _, p := range e.pods(t, name) {
+		if p.Name != leader {
+			lost = p.Name
+		}
+	}
+	if lost == "" {
+		t.Fatalf("no controller follower (leader %s)", leader)
+	}
+	pvc := "data-" + lost
+	var claim corev1.PersistentVolumeClaim
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: pvc}, &claim); err != nil {
+		t.Fatalf("pvc %s: %v", pvc, err)
+	}
+	t.Logf("losing the disk of controller follower %s (leader %s): deleting PVC %s and force-deleting the pod", lost, leader, pvc)
+	e.k(t, "delete", "pvc", pvc, "--wait=false")
+	e.k(t, "delete", "pod", lost, "--grace-period=0", "--force")
+	e.eventually(t, settle, "the controller group whole again", func() (bool, string) {
+		var c corev1.PersistentVolumeClaim
+		if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: pvc}, &c); err != nil || c.UID == claim.UID {
+			return false, "waiting for a new volume"
+		}
+		evs := e.events(t, "ShardMap", sm, e.scenarioStart)
+		var steps []string
+		for _, k := range []string{"AddLearner", "Promote", "RemoveMember"} {
+			if containsPrefix(evs, k+"\t") {
+				steps = append(steps, k)
+			}
+		}
+		m := e.shardMap(t, sm)
+		return len(steps) == 3 && m.Status.ControllerReadyReplicas == 3,
+			fmt.Sprintf("steps %v, %d controller pods ready", steps, m.Status.ControllerReadyReplicas)
+	})
+	for _, ev := range e.events(t, "ShardMap", sm, e.scenarioStart) {
+		t.Logf("event: %s", ev)
+	}
+	e.waitSettled(t, settle, sm, map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 3, "demo-e": 3})
+	e.workloadsProgress(t)
+	e.checkNoWorkloadErrors(t, st0, "the controller's disk loss")
+}
+
 func ptrStr(p *string) string {
 	if p == nil {
 		return ""
