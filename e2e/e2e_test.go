@@ -150,6 +150,10 @@ func TestE2E(t *testing.T) {
 		e.workloadsProgress(t)
 	})
 
+	run("SpecMoves", func(t *testing.T) { e.specMoves(t) })
+
+	run("EvictionKeepsQuorum", func(t *testing.T) { e.evictionKeepsQuorum(t) })
+
 	run("DeleteGroup", func(t *testing.T) {
 		st0 := e.workloadSnapshot(t)
 		stop := e.watchGroup(t, "demo-d")

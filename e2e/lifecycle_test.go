@@ -13,6 +13,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
@@ -381,6 +382,78 @@ func (e *env) readinessIsRaftHealth(t *testing.T) {
 	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", `{"spec":{"paused":false}}`)
 	paused = false
 	e.waitSettled(t, settle, sm, map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 3})
+	e.checkMembersMatchPods(t, g)
+	e.workloadsProgress(t)
+}
+
+// specMoves: a shard pinned to a group by the ShardMap's spec.moves moves
+// there (Moved); dropping the pin releases it to placement (Unpinned), and
+// the cluster is balanced again.
+func (e *env) specMoves(t *testing.T) {
+	from, to := e.group(t, "demo-a").Status.GroupID, e.group(t, "demo-b").Status.GroupID
+	m0 := e.shardMap(t, sm)
+	shard := -1
+	for s := range int(m0.Spec.Shards) {
+		if tableOwner(m0, s) == from {
+			shard = s
+			break
+		}
+	}
+	if shard < 0 {
+		t.Fatalf("demo-a holds no shard: %+v", m0.Status.Table)
+	}
+	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"moves":[{"shard":%d,"group":"demo-b"}]}}`, shard))
+	e.eventually(t, settle, fmt.Sprintf("shard %d pinned to demo-b", shard), func() (bool, string) {
+		m := e.shardMap(t, sm)
+		return tableOwner(m, shard) == to && m.Status.MigratingShards == 0,
+			fmt.Sprintf("owner %d, migrating %d", tableOwner(m, shard), m.Status.MigratingShards)
+	})
+	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", `{"spec":{"moves":null}}`)
+	e.waitSettled(t, settle, sm, map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 3, "demo-d": 3})
+	evs := e.events(t, "ShardMap", sm, e.scenarioStart)
+	if !containsPrefix(evs, fmt.Sprintf("Moved\tpinned shard %d to demo-b", shard)) || !containsPrefix(evs, fmt.Sprintf("Unpinned\tunpinned shard %d", shard)) {
+		t.Errorf("want Moved and Unpinned Events for shard %d; events:\n%s", shard, strings.Join(evs, "\n"))
+	}
+	e.workloadsProgress(t)
+}
+
+// evictionKeepsQuorum: a node drain evicts through the Eviction API, which
+// the groups' PodDisruptionBudgets guard. With one of demo-a's three
+// voters evicted, a second eviction is refused until the first is back
+// and caught up (ready is Raft health): a drain never takes a quorum.
+func (e *env) evictionKeepsQuorum(t *testing.T) {
+	const g = "demo-a"
+	pods := e.pods(t, g)
+	if len(pods) != 3 {
+		t.Fatalf("%s has %d pods", g, len(pods))
+	}
+	evict := func(p corev1.Pod) error {
+		return e.kube.SubResource("eviction").Create(ctx(t), &p,
+			&policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace}})
+	}
+	if err := evict(pods[1]); err != nil {
+		t.Fatalf("first eviction (%s): %v", pods[1].Name, err)
+	}
+	t.Logf("evicted %s", pods[1].Name)
+	err := evict(pods[2])
+	if !apierrors.IsTooManyRequests(err) {
+		t.Fatalf("second eviction (%s) while %s is away: %v, want 429 (the budget allows no more)", pods[2].Name, pods[1].Name, err)
+	}
+	t.Logf("second eviction refused: %v", err)
+	e.eventually(t, 2*time.Minute, pods[1].Name+" back and ready", func() (bool, string) {
+		for _, p := range e.pods(t, g) {
+			if p.Name == pods[1].Name {
+				return p.UID != pods[1].UID && podReady(p), fmt.Sprintf("uid %s ready %v", p.UID, podReady(p))
+			}
+		}
+		return false, "absent"
+	})
+	// The budget's controller counts the new pod, then allows one again.
+	e.eventually(t, time.Minute, "the second eviction allowed", func() (bool, string) {
+		err := evict(pods[2])
+		return err == nil, fmt.Sprint(err)
+	})
+	e.waitSettled(t, settle, sm, map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 3, "demo-d": 3})
 	e.checkMembersMatchPods(t, g)
 	e.workloadsProgress(t)
 }
