@@ -87,7 +87,7 @@ func (g *Group) MultiWrite(ctx context.Context, req *shardkvpb.MultiWriteRequest
 
 // GroupInfo describes this replica's view of the group.
 func (g *Group) GroupInfo(ctx context.Context, req *shardkvpb.GroupInfoRequest) (*shardkvpb.GroupInfoReply, error) {
-	out := &shardkvpb.GroupInfoReply{Gid: g.sm.gid, Config: g.sm.Config(), Member: g.r.StatusProto()}
+	out := &shardkvpb.GroupInfoReply{Gid: g.sm.gid, Config: g.sm.Config(), Member: g.r.StatusProto(), Stranded: g.Stranded()}
 	out.Shards = g.shardStates()
 	if req.GetCountKeys() {
 		for _, st := range out.Shards {

@@ -3,11 +3,13 @@ package shardkv_test
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/routing"
 	"github.com/shardkv/shardkv/pkg/shardkv/kvtest"
+	"github.com/shardkv/shardkv/pkg/shardkvpb"
 )
 
 // TestWipedGroupDoesNotSpin: every replica of a data group loses its disk
@@ -32,13 +34,14 @@ func TestWipedGroupDoesNotSpin(t *testing.T) {
 			t.Fatalf("put %s: %v", k, err)
 		}
 	}
-	// Configs 2..4: group 100 owns shards in every one of them.
+	// More configs (joins and leaves, each move's cut-over): group 100
+	// owns shards in every one of them.
 	w.Join(101)
 	w.WaitSettled(30 * time.Second)
 	w.Leave(101)
 	w.WaitSettled(30 * time.Second)
-	conf := w.Join(101)
-	w.WaitSettled(30 * time.Second)
+	w.Join(101)
+	conf := w.WaitSettled(30 * time.Second)
 
 	// Wait until the controller has forgotten config 1 and 2.
 	deadline := time.Now().Add(20 * time.Second)
@@ -90,4 +93,41 @@ func TestWipedGroupDoesNotSpin(t *testing.T) {
 		t.Fatalf("wiped group 100 stepped to config %d: it must not skip configs in which it owned shards", got)
 	}
 
+	// It says why, to the operator (GroupInfo, and its report to the controller).
+	info, err := w.Group(100, id).GroupInfo(context.Background(), &shardkvpb.GroupInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(info.Stranded, "lost") {
+		t.Fatalf("GroupInfo.stranded = %q, want the reason the group cannot step", info.Stranded)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := w.Admin().Status(sctx)
+		scancel()
+		var got string
+		if err == nil {
+			for _, gs := range st.Groups {
+				if gs.GetReport().GetGid() == 100 {
+					got = gs.GetReport().GetStranded()
+				}
+			}
+		}
+		if got != "" {
+			t.Logf("group 100 reports: %s", got)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the controller's status never showed group 100 stranded (err %v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// It does not serve the lost shard as if it were empty.
+	gctx, gcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer gcancel()
+	if v, ok, err := c.Get(gctx, lost); err == nil {
+		t.Fatalf("Get(%s) of a lost shard = %q found=%v, want an error", lost, v, ok)
+	}
 }

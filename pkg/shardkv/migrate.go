@@ -37,7 +37,8 @@ func (g *Group) run() {
 		lastKeyExpire time.Time
 		taskDone      = make(chan string, 64)
 		stepPending   bool
-		stepDone      = make(chan struct{}, 1)
+		stepDone      = make(chan stepOutcome, 1)
+		refused       stepRefusal // the last step apply refused, while it holds us back
 	)
 	stopLeading := func() {
 		if lead.cancel != nil {
@@ -67,8 +68,9 @@ func (g *Group) run() {
 		case name := <-taskDone:
 			delete(tasks, name)
 			delete(pullPeer, name)
-		case <-stepDone:
+		case o := <-stepDone:
 			stepPending = false
+			refused.record(g, o)
 		}
 		roleC = g.r.RoleChanged() // before the check: no change is missed
 		if !g.r.IsLeader() {
@@ -133,25 +135,29 @@ func (g *Group) run() {
 				}
 			})
 		}
-		// Step to the next config when nothing it changes is moving.
+		// Step to the next config when nothing it changes is moving, unless
+		// apply just refused that very step (refused.holds).
 		if !stepPending {
-			if next := g.nextKnown(); next != nil && g.sm.CanStep(next) {
+			if next := g.nextKnown(); next != nil && g.sm.CanStep(next) && !refused.holds(g.sm.Config().Num, next.Num) {
 				stepPending = true
+				from := g.sm.Config().Num
 				g.wg.Add(1)
 				go func() {
 					defer g.wg.Done()
 					ctx, cancel := context.WithTimeout(lead.ctx, 5*time.Second)
 					defer cancel()
+					o := stepOutcome{from: from, to: next.Num}
 					res, err := g.propose(ctx, &shardkvpb.GroupCommand{NextConfig: next})
 					if err == nil {
-						err, _ = res.(error) // refused at apply (stale or early)
+						o.refused, _ = res.(error) // refused at apply (stale or early)
 					}
-					if err != nil {
+					switch {
+					case err != nil:
 						g.log.Debug("proposing next config", "num", next.Num, "err", err)
-					} else {
+					case o.refused == nil:
 						g.log.Info("stepped to config", "num", next.Num)
 					}
-					stepDone <- struct{}{}
+					stepDone <- o
 				}()
 			}
 		}
@@ -199,6 +205,57 @@ func (g *Group) run() {
 			}
 		}
 	}
+}
+
+// stepOutcome is how a proposed config step ended: refused is apply's
+// refusal (nil if it applied, or if the proposal itself failed).
+type stepOutcome struct {
+	from, to uint64
+	refused  error
+}
+
+// stepRefusal keeps the leader from proposing again, at once, a step that
+// apply refused. nextKnown offers only steps apply accepts (stepPlan) and
+// CanStep checks what apply checks, so a refusal means the two disagree
+// (a race with another leader's step, or a bug): each entry is an fsync
+// on every replica, and proposing in a loop once made a group apply
+// 200,000 refused entries in minutes. The same step from the same config
+// is retried after a doubling delay, from 100 ms up to 10 s; the first
+// refusal is logged as a warning, the repeats at debug level.
+type stepRefusal struct {
+	from, to uint64
+	delay    time.Duration
+	until    time.Time
+}
+
+const (
+	stepRetryMin = 100 * time.Millisecond
+	stepRetryMax = 10 * time.Second
+)
+
+func (r *stepRefusal) record(g *Group, o stepOutcome) {
+	if o.refused == nil {
+		return // applied, or not decided (the proposal failed): no delay
+	}
+	if g.sm.Config().Num != o.from {
+		// Stale: the group stepped meanwhile (an earlier leader's step,
+		// applied before this one). Nothing holds the next step back.
+		g.log.Debug("config step refused at apply: stale", "from", o.from, "to", o.to, "err", o.refused)
+		return
+	}
+	if r.delay != 0 && r.from == o.from && r.to == o.to {
+		r.delay = min(2*r.delay, stepRetryMax)
+		g.log.Debug("config step refused at apply again", "from", o.from, "to", o.to, "err", o.refused, "retry_in", r.delay)
+	} else {
+		r.from, r.to, r.delay = o.from, o.to, stepRetryMin
+		g.log.Warn("config step refused at apply; retrying with backoff", "from", o.from, "to", o.to, "err", o.refused)
+	}
+	r.until = time.Now().Add(r.delay)
+}
+
+// holds reports whether the step from `from` to `to` waits after a refusal.
+func (r *stepRefusal) holds(from, to uint64) bool {
+	return r.delay != 0 && r.from == from && r.to == to && time.Now().Before(r.until)
 }
 
 func (g *Group) spawn(parent context.Context, tasks map[string]context.CancelFunc, done chan<- string, name string, f func(context.Context)) {

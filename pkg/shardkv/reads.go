@@ -85,11 +85,24 @@ func (sm *StateMachine) CanStep(next *shardkvpb.Config) bool {
 // serves reports whether the group serves shard s now.
 func serves(m ShardMeta) bool { return m.State == Serving || m.State == Acking }
 
-// route checks that the group serves key now (by its applied state).
+// route checks that the group serves key now (by its applied state). A
+// stranded replica (strandedAt) serves nothing: its shards are NotReady.
 func (sm *StateMachine) route(key []byte) (int, Code) {
 	sm.mu.RLock()
 	defer sm.mu.RUnlock()
-	return ownership(sm.gid, sm.config, func(s int) ShardMeta { return sm.shards[s] }, key)
+	s, code := ownership(sm.gid, sm.config, func(s int) ShardMeta { return sm.shards[s] }, key)
+	if code == OK && sm.strandedAt.Load() == sm.config.Num+1 {
+		code = NotReady
+	}
+	return s, code
+}
+
+// stranded reports whether this replica found the group stranded at its
+// applied config (strandedAt).
+func (sm *StateMachine) stranded() bool {
+	sm.mu.RLock()
+	defer sm.mu.RUnlock()
+	return sm.strandedAt.Load() == sm.config.Num+1
 }
 
 // ownership decides whether group gid serves key's shard under conf, with

@@ -43,6 +43,8 @@ func (g *Group) refuse(key []byte, code Code, needLeader bool) *shardkvpb.Refusa
 		}
 	case owner == 0:
 		r.Reason, r.Msg = shardkvpb.ReasonWrongGroup, fmt.Sprintf("shard %d is not served by any group in config %d", s, conf.Num)
+	case owner == g.sm.gid && g.sm.stranded():
+		r.Reason, r.Msg = shardkvpb.ReasonNotReady, fmt.Sprintf("shard %d is not served: this group is %s", s, g.Stranded())
 	case owner == g.sm.gid && code == NotReady && conf.Num == applied.Num:
 		r.Reason, r.Msg = shardkvpb.ReasonNotReady, fmt.Sprintf("shard %d is still arriving (config %d)", s, conf.Num)
 	case owner == g.sm.gid:

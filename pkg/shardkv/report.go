@@ -21,7 +21,7 @@ func (g *Group) report(ctx context.Context) {
 	// group only passes it on, for status readers, and never interprets it.
 	rep := &shardkvpb.GroupReport{Gid: g.sm.gid, LeaderId: st.Id, LeaderAddr: st.Addr, LeaderRespAddr: st.RespAddr,
 		Term: st.Term, ConfigNum: g.sm.Config().Num, Shards: g.shardStates(), Members: st.Members, AppliedIndex: st.Applied,
-		MigrateBytesPerSec: uint64(g.cfg.MigrateBytesPerSec)}
+		MigrateBytesPerSec: uint64(g.cfg.MigrateBytesPerSec), Stranded: g.Stranded()}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if _, err := g.cfg.Ctrler.Report(rctx, rep); err != nil && !errors.Is(err, context.Canceled) {

@@ -130,6 +130,9 @@ func (g *Group) Scan(after []byte, count int, match func(key []byte) bool) (keys
 		count = 10
 	}
 	shards := g.sm.Shards()
+	if g.sm.stranded() {
+		shards = nil // serves nothing (route)
+	}
 	err = g.sm.store.DB().View(func(txn *badger.Txn) error {
 		ns, err := logTime(txn) // expiry as of the state read (GetEntry)
 		if err != nil {
@@ -188,6 +191,9 @@ const randomKeyExamined = 1000
 // state: any replica.
 func (g *Group) RandomKey() ([]byte, error) {
 	shards := g.sm.Shards()
+	if g.sm.stranded() {
+		shards = nil // serves nothing (route)
+	}
 	var served []int
 	for s := range shards {
 		if serves(shards[s]) {

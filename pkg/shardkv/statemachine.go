@@ -35,6 +35,13 @@ type StateMachine struct {
 	// only a hint for the leader's proposals, never read by apply).
 	deadPending atomic.Bool
 	watches     watches
+	// strandedAt is 1 + the config at which this replica found the group
+	// stranded (Group.stepPlan): the controller compacted configs the
+	// group never applied and it owns shards on one side of the gap. Its
+	// state is older than what it once reported, so while its applied
+	// config is that one it serves nothing (route). 0: not stranded. Soft
+	// state, per replica, never read by apply.
+	strandedAt atomic.Uint64
 }
 
 // NewStateMachine returns the state machine of data group gid.

@@ -2,8 +2,8 @@ package shardkv
 
 import (
 	"context"
+	"fmt"
 	"maps"
-	"slices"
 	"time"
 
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -67,6 +67,7 @@ func (g *Group) watchConfigs() {
 			}
 		}
 		g.knownMu.Unlock()
+		g.checkStranded()
 		select {
 		case g.announced <- struct{}{}:
 		default:
@@ -87,30 +88,113 @@ func (g *Group) newestConfig() *shardkvpb.Config {
 }
 
 // nextKnown is the config the leader steps to next, if the controller has
-// announced it.
+// announced it and the group may step to it (stepPlan).
 func (g *Group) nextKnown() *shardkvpb.Config {
-	cur := g.sm.Config().Num
+	next, _ := g.stepPlan()
+	return next
+}
+
+// Stranded is why the group cannot step to its next config ("" if it
+// can): see stepPlan. Every replica knows it from its own watch.
+func (g *Group) Stranded() string {
+	_, why := g.stepPlan()
+	return why
+}
+
+// stepPlan is the config to step to next, if one is known and may be
+// applied (nextConfig accepts exactly these), or why the group can never
+// step (stranded).
+//
+// The watch delivers every config after ours in order, skipping only those
+// the controller has compacted; so if the lowest config known past ours is
+// not ours+1, the configs in between are gone. The group may jump the gap
+// only if it owns nothing on either side (nextConfig explains why that is
+// safe). Otherwise it is stranded, and stays so: the controller drops a
+// config only once every group of the kept configs has reported applying
+// it, so this group once stood past the gap and its state has gone back
+// since (every replica's disk lost, or restored from an old copy). What it
+// held after the gap is lost, or is now held by others: stepping through
+// the gap is impossible (the configs are gone) and jumping it would serve
+// the shards it owns after the gap empty, or stale ones it owns before it
+// (it may have handed them off since). It must not step, and must not
+// serve (route): an operator decides what becomes of the shards.
+func (g *Group) stepPlan() (*shardkvpb.Config, string) {
+	conf := g.sm.Config()
+	cur := conf.Num
 	g.knownMu.Lock()
 	defer g.knownMu.Unlock()
 	if c, ok := g.known[cur+1]; ok {
-		return c
+		return c, ""
 	}
-	if !slices.Contains(g.sm.Config().Shards, g.sm.gid) {
-		// A group that owns nothing (new, or left and fell behind) may
-		// start from the oldest config the controller still has (see
-		// nextConfig for why that is safe).
-		// Only configs ahead of ours: the watch prunes older ones only when
-		// a new config arrives, and proposing one we have already applied
-		// (it is refused at apply) made an idle group propose in a loop.
-		var best *shardkvpb.Config
-		for _, c := range g.known {
-			if c.Num > cur && (best == nil || c.Num < best.Num) {
-				best = c
-			}
+	// Only configs ahead of ours: the watch prunes older ones only when a
+	// new config arrives, and proposing one we have already applied (it is
+	// refused at apply) made an idle group propose in a loop.
+	var best *shardkvpb.Config
+	for _, c := range g.known {
+		if c.Num > cur && (best == nil || c.Num < best.Num) {
+			best = c
 		}
-		return best
 	}
-	return nil
+	if best == nil {
+		return nil, "" // nothing announced past ours yet
+	}
+	mine, next := ownedShards(conf, g.sm.gid), ownedShards(best, g.sm.gid)
+	if len(mine) == 0 && len(next) == 0 {
+		return best, ""
+	}
+	why := fmt.Sprintf("stranded at config %d: the controller keeps configs from %d on only (%d..%d were compacted), ", cur, best.Num, cur+1, best.Num-1)
+	if len(mine) == 0 {
+		why += fmt.Sprintf("and this group owns %s in config %d but holds none of them: their data was lost with this group's state (every replica's disk?)", shardList(next), best.Num)
+	} else {
+		why += fmt.Sprintf("and this group owns %s in config %d: its state is older than the configs it once reported (disks lost or restored?), so what it holds may be lost or stale", shardList(mine), cur)
+	}
+	return nil, why + "; it serves none of its shards and cannot step; an operator must decide what becomes of them"
+}
+
+func ownedShards(conf *shardkvpb.Config, gid uint64) []int {
+	var out []int
+	for s, o := range conf.GetShards() {
+		if o == gid {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// shardList names shards for a status line, the first few only (a report
+// stays small whatever the shard count).
+func shardList(shards []int) string {
+	const most = 8
+	if len(shards) == 1 {
+		return fmt.Sprintf("shard %d", shards[0])
+	}
+	if len(shards) <= most {
+		return fmt.Sprintf("shards %v", shards)
+	}
+	return fmt.Sprintf("%d shards (%v ...)", len(shards), shards[:most])
+}
+
+// checkStranded marks the state machine stranded at its applied config
+// (strandedAt) once stepPlan finds it so, and says so once, loudly. The
+// verdict cannot clear while the applied config stays: known configs past
+// it are only ever added.
+func (g *Group) checkStranded() {
+	why := g.Stranded()
+	if why == "" {
+		return
+	}
+	at := g.sm.Config().Num + 1
+	if g.sm.strandedAt.Swap(at) == at {
+		return
+	}
+	if st := g.r.Status(); st.Applied < st.Commit {
+		// A replica behind its group's log (a restarted follower) sees the
+		// same gap until it applies the group's later steps.
+		g.log.Info("configs after this replica's were compacted; it serves nothing until it catches up with its group's log",
+			"config", at-1, "applied", st.Applied, "commit", st.Commit)
+		return
+	}
+	g.log.Error("data group cannot step to its next config", "why", why)
 }
 
 // LeaderPollInterval is how often a replica that tracks leaders

@@ -951,8 +951,15 @@ type GroupReport struct {
 	AppliedIndex   uint64                 `protobuf:"varint,9,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
 	// The group's copy rate limit for shards it pulls, bytes/s (0: none).
 	MigrateBytesPerSec uint64 `protobuf:"varint,10,opt,name=migrate_bytes_per_sec,json=migrateBytesPerSec,proto3" json:"migrate_bytes_per_sec,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Why the group cannot step to its next config, if it cannot: the
+	// controller has compacted configs the group never applied, and the group
+	// owns shards on one side of the gap, so it can neither step through it
+	// nor jump it. Its state is older than the configs it once reported (its
+	// disks were lost or restored): it does not serve the shards involved,
+	// and an operator must decide. Empty when the group can step.
+	Stranded      string `protobuf:"bytes,11,opt,name=stranded,proto3" json:"stranded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GroupReport) Reset() {
@@ -1053,6 +1060,13 @@ func (x *GroupReport) GetMigrateBytesPerSec() uint64 {
 		return x.MigrateBytesPerSec
 	}
 	return 0
+}
+
+func (x *GroupReport) GetStranded() string {
+	if x != nil {
+		return x.Stranded
+	}
+	return ""
 }
 
 type ReportReply struct {
@@ -1569,7 +1583,7 @@ const file_ctrler_proto_rawDesc = "" +
 	"totalBytes\x12+\n" +
 	"\x12copy_bytes_per_sec\x18\r \x01(\x04R\x0fcopyBytesPerSec\x12\x1f\n" +
 	"\veta_seconds\x18\x0e \x01(\x04R\n" +
-	"etaSeconds\"\xf0\x02\n" +
+	"etaSeconds\"\x8c\x03\n" +
 	"\vGroupReport\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\x04R\x03gid\x12\x1b\n" +
 	"\tleader_id\x18\x02 \x01(\x04R\bleaderId\x12\x1f\n" +
@@ -1583,7 +1597,8 @@ const file_ctrler_proto_rawDesc = "" +
 	"\amembers\x18\b \x03(\v2\x12.shardkv.v1.MemberR\amembers\x12#\n" +
 	"\rapplied_index\x18\t \x01(\x04R\fappliedIndex\x121\n" +
 	"\x15migrate_bytes_per_sec\x18\n" +
-	" \x01(\x04R\x12migrateBytesPerSec\"2\n" +
+	" \x01(\x04R\x12migrateBytesPerSec\x12\x1a\n" +
+	"\bstranded\x18\v \x01(\tR\bstranded\"2\n" +
 	"\vReportReply\x12#\n" +
 	"\rlatest_config\x18\x01 \x01(\x04R\flatestConfig\",\n" +
 	"\x14ClusterStatusRequest\x12\x14\n" +

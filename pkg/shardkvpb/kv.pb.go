@@ -1987,12 +1987,15 @@ func (x *GroupInfoRequest) GetCountKeys() bool {
 }
 
 type GroupInfoReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Gid           uint64                 `protobuf:"varint,1,opt,name=gid,proto3" json:"gid,omitempty"`
-	Config        *Config                `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
-	Shards        []*ShardState          `protobuf:"bytes,3,rep,name=shards,proto3" json:"shards,omitempty"` // shards not in state NotOwned, by shard
-	Member        *MemberStatus          `protobuf:"bytes,4,opt,name=member,proto3" json:"member,omitempty"`
-	Keys          uint64                 `protobuf:"varint,5,opt,name=keys,proto3" json:"keys,omitempty"` // keys held, all shards included (if count_keys)
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Gid    uint64                 `protobuf:"varint,1,opt,name=gid,proto3" json:"gid,omitempty"`
+	Config *Config                `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
+	Shards []*ShardState          `protobuf:"bytes,3,rep,name=shards,proto3" json:"shards,omitempty"` // shards not in state NotOwned, by shard
+	Member *MemberStatus          `protobuf:"bytes,4,opt,name=member,proto3" json:"member,omitempty"`
+	Keys   uint64                 `protobuf:"varint,5,opt,name=keys,proto3" json:"keys,omitempty"` // keys held, all shards included (if count_keys)
+	// Why the group cannot step to its next config (GroupReport.stranded);
+	// empty when it can.
+	Stranded      string `protobuf:"bytes,6,opt,name=stranded,proto3" json:"stranded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2060,6 +2063,13 @@ func (x *GroupInfoReply) GetKeys() uint64 {
 		return x.Keys
 	}
 	return 0
+}
+
+func (x *GroupInfoReply) GetStranded() string {
+	if x != nil {
+		return x.Stranded
+	}
+	return ""
 }
 
 var File_kv_proto protoreflect.FileDescriptor
@@ -2272,13 +2282,14 @@ const file_kv_proto_rawDesc = "" +
 	"\x13ShardInstalledReply\"1\n" +
 	"\x10GroupInfoRequest\x12\x1d\n" +
 	"\n" +
-	"count_keys\x18\x01 \x01(\bR\tcountKeys\"\xc4\x01\n" +
+	"count_keys\x18\x01 \x01(\bR\tcountKeys\"\xe0\x01\n" +
 	"\x0eGroupInfoReply\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\x04R\x03gid\x12*\n" +
 	"\x06config\x18\x02 \x01(\v2\x12.shardkv.v1.ConfigR\x06config\x12.\n" +
 	"\x06shards\x18\x03 \x03(\v2\x16.shardkv.v1.ShardStateR\x06shards\x120\n" +
 	"\x06member\x18\x04 \x01(\v2\x18.shardkv.v1.MemberStatusR\x06member\x12\x12\n" +
-	"\x04keys\x18\x05 \x01(\x04R\x04keys2\xac\x04\n" +
+	"\x04keys\x18\x05 \x01(\x04R\x04keys\x12\x1a\n" +
+	"\bstranded\x18\x06 \x01(\tR\bstranded2\xac\x04\n" +
 	"\x02KV\x123\n" +
 	"\x03Get\x12\x16.shardkv.v1.GetRequest\x1a\x14.shardkv.v1.GetReply\x129\n" +
 	"\x05Write\x12\x18.shardkv.v1.WriteRequest\x1a\x16.shardkv.v1.WriteReply\x12B\n" +
