@@ -95,6 +95,11 @@ type groupStatusJSON struct {
 	// MigrateBytesPerSec is the group's copy rate limit for shards it
 	// pulls, from its report (0: none, or not reported).
 	MigrateBytesPerSec uint64 `json:"migrate_bytes_per_sec"`
+	// Stranded says why the group cannot step to its next config (configs
+	// it never applied were compacted and it owns shards across the gap:
+	// its state went back, e.g. every disk lost); it then serves none of
+	// its shards. Empty: it can step.
+	Stranded string `json:"stranded"`
 }
 
 type migrationJSON struct {
@@ -190,7 +195,7 @@ func (k *kvctl) buildStatus(ctx context.Context, st *shardkvpb.ClusterStatus) *s
 		out.PlannedMoves = append(out.PlannedMoves, p)
 	}
 	for i, g := range groups {
-		if g.InConfig && (g.InfoFrom == "none" || g.ConfigNum != latest.GetNum()) {
+		if g.Stranded != "" || (g.InConfig && (g.InfoFrom == "none" || g.ConfigNum != latest.GetNum())) {
 			out.Settled = false
 		}
 		for _, s := range shardLists[i] {
@@ -267,6 +272,7 @@ func (k *kvctl) groupStatus(ctx context.Context, latest *shardkvpb.Config, gid u
 			out.InfoFrom = "leader"
 			out.Leader, out.LeaderAddr, out.Term, out.Applied = m.GetId(), v.leaderAddr, m.GetTerm(), m.GetApplied()
 			out.ConfigNum = info.GetConfig().GetNum()
+			out.Stranded = info.GetStranded()
 			shards = info.Shards
 		}
 	}
@@ -274,6 +280,7 @@ func (k *kvctl) groupStatus(ctx context.Context, latest *shardkvpb.Config, gid u
 		r := rep.Report
 		out.InfoFrom = "report"
 		out.Leader, out.LeaderAddr, out.Term, out.Applied, out.ConfigNum = r.LeaderId, r.LeaderAddr, r.Term, r.AppliedIndex, r.ConfigNum
+		out.Stranded = r.GetStranded()
 		shards = r.Shards
 	}
 	for _, s := range shards {
@@ -392,6 +399,11 @@ func (k *kvctl) printStatus(s *statusJSON) error {
 		}
 	}
 	fmt.Fprintln(w)
+	for _, g := range s.Groups {
+		if g.Stranded != "" {
+			fmt.Fprintf(w, "GROUP %d CANNOT STEP, serves none of its shards: %s\n", g.GID, g.Stranded)
+		}
+	}
 	if s.Settled {
 		fmt.Fprintf(w, "settled: every group serves config %d and no shard is moving\n", s.ConfigNum)
 	} else {
@@ -437,7 +449,10 @@ func groupRows(tw io.Writer, s *statusJSON) {
 			continue
 		}
 		cfg := fmt.Sprint(g.ConfigNum)
-		if g.ConfigNum < s.ConfigNum {
+		switch {
+		case g.Stranded != "":
+			cfg += " (STRANDED)"
+		case g.ConfigNum < s.ConfigNum:
 			cfg += fmt.Sprintf(" (behind %d)", s.ConfigNum)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%d (%s)\t%d\t%d\t%s\t%s\t%s\n", g.GID, owns, g.Leader, g.LeaderAddr, g.Term, g.Applied, cfg, statesText(g.ShardStates), info)
