@@ -20,6 +20,8 @@ func (a *applyCtx) nextConfig(next *shardkvpb.Config) (any, error) {
 	// missed were compacted. It owned nothing in the configs it skips (the
 	// controller never drops a config that a group present in a kept config
 	// has not reported past), so there is nothing to pull or hand off.
+	// Any other gap is never jumped: the group is stranded (stepPlan),
+	// and the leader proposes no step across it.
 	idle := !slices.Contains(cur.Shards, a.sm.gid) && !slices.Contains(next.Shards, a.sm.gid)
 	if next.Num != cur.Num+1 && !(idle && next.Num > cur.Num) {
 		return fmt.Errorf("config %d does not follow %d", next.Num, cur.Num), nil
