@@ -14,16 +14,7 @@ import (
 // otherwise it is a stale or early proposal and is ignored.
 func (a *applyCtx) nextConfig(next *shardkvpb.Config) (any, error) {
 	cur := a.config
-	// A group that owns nothing now and nothing in `next` may jump ahead to
-	// it: a brand-new group starting at the oldest config the controller
-	// keeps, or a group that left and fell behind while the configs it
-	// missed were compacted. It owned nothing in the configs it skips (the
-	// controller never drops a config that a group present in a kept config
-	// has not reported past), so there is nothing to pull or hand off.
-	// Any other gap is never jumped: the group is stranded (stepPlan),
-	// and the leader proposes no step across it.
-	idle := !slices.Contains(cur.Shards, a.sm.gid) && !slices.Contains(next.Shards, a.sm.gid)
-	if next.Num != cur.Num+1 && !(idle && next.Num > cur.Num) {
+	if !stepFollows(a.sm.gid, cur, next) {
 		return fmt.Errorf("config %d does not follow %d", next.Num, cur.Num), nil
 	}
 	if cur.Num > 0 && len(next.Shards) != len(cur.Shards) {
@@ -75,6 +66,20 @@ func (a *applyCtx) nextConfig(next *shardkvpb.Config) (any, error) {
 	a.prev, a.config = cur, proto.Clone(next).(*shardkvpb.Config)
 	a.changed = true
 	return nil, nil
+}
+
+// stepFollows reports whether next may follow cur for group gid: it is
+// cur+1, or the group jumps ahead. A group that owns nothing now and
+// nothing in next may jump ahead to it: a brand-new group starting at the
+// oldest config the controller keeps, or a group that left and fell behind
+// while the configs it missed were compacted. It owned nothing in the
+// configs it skips (the controller never drops a config that a group
+// present in a kept config has not reported past), so there is nothing to
+// pull or hand off. Any other gap is never jumped: the group is stranded
+// (Group.stepPlan), and its leader proposes no step across it.
+func stepFollows(gid uint64, cur, next *shardkvpb.Config) bool {
+	idle := !slices.Contains(cur.Shards, gid) && !slices.Contains(next.Shards, gid)
+	return next.Num == cur.Num+1 || (idle && next.Num > cur.Num)
 }
 
 // plannedMove is shard s's planned move in conf, if any.

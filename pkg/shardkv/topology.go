@@ -101,14 +101,15 @@ func (g *Group) Stranded() string {
 	return why
 }
 
-// stepPlan is the config to step to next, if one is known and may be
-// applied (nextConfig accepts exactly these), or why the group can never
-// step (stranded).
+// stepPlan is the config to step to next, if one is known that apply's
+// nextConfig takes as following ours (stepFollows; whether the shards it
+// changes are settled is CanStep's part), or why the group can never step
+// (stranded).
 //
 // The watch delivers every config after ours in order, skipping only those
 // the controller has compacted; so if the lowest config known past ours is
 // not ours+1, the configs in between are gone. The group may jump the gap
-// only if it owns nothing on either side (nextConfig explains why that is
+// only if it owns nothing on either side (stepFollows says why that is
 // safe). Otherwise it is stranded, and stays so: the controller drops a
 // config only once every group of the kept configs has reported applying
 // it, so this group once stood past the gap and its state has gone back
@@ -138,10 +139,10 @@ func (g *Group) stepPlan() (*shardkvpb.Config, string) {
 	if best == nil {
 		return nil, "" // nothing announced past ours yet
 	}
-	mine, next := ownedShards(conf, g.sm.gid), ownedShards(best, g.sm.gid)
-	if len(mine) == 0 && len(next) == 0 {
-		return best, ""
+	if stepFollows(g.sm.gid, conf, best) {
+		return best, "" // owns nothing on either side: jumps
 	}
+	mine, next := ownedShards(conf, g.sm.gid), ownedShards(best, g.sm.gid)
 	why := fmt.Sprintf("stranded at config %d: the controller keeps configs from %d on only (%d..%d were compacted), ", cur, best.Num, cur+1, best.Num-1)
 	if len(mine) == 0 {
 		why += fmt.Sprintf("and this group owns %s in config %d but holds none of them: their data was lost with this group's state (every replica's disk?)", shardList(next), best.Num)
