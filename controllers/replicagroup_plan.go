@@ -96,6 +96,7 @@ const (
 	reasonDrained               = "Drained"
 	reasonClusterDeleting       = "ClusterDeleting"
 	reasonClusterDeleted        = "ClusterDeleted"
+	reasonStranded              = "Stranded"
 	reasonLingering             = "WaitingForClientsToMove"
 	reasonPVCCleanup            = "DeletePVC"
 	reasonBootstrap             = "Bootstrap"

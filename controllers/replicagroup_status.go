@@ -203,6 +203,10 @@ func (r *ReplicaGroupReconciler) computeStatus(rg *shardkvv1.ReplicaGroup, o *ob
 	switch {
 	case o.GroupID == 0 || o.StsReplicas < 0:
 		setCondition(rg, shardkvv1.ConditionDegraded, metav1.ConditionFalse, "NotStarted", "the group's pods are not created yet")
+	case o.Reports[o.GroupID].GetStranded() != "":
+		// It lost its state (every disk, or restored from an old copy):
+		// it serves none of its shards and cannot step on by itself.
+		setCondition(rg, shardkvv1.ConditionDegraded, metav1.ConditionTrue, reasonStranded, o.Reports[o.GroupID].GetStranded())
 	case o.Leader == nil:
 		setCondition(rg, shardkvv1.ConditionDegraded, metav1.ConditionTrue, reasonNoLeader, "no replica reports itself the group's leader")
 	case len(unhealthy) > 0:

@@ -36,6 +36,7 @@ func TestReadiness(t *testing.T) {
 		{"controller not heard", func(_ *raftgroup.Status, f *readinessFacts) { f.latestConfigAt = now.Add(-11 * time.Second) },
 			"has not reached the controller"},
 		{"stopping", func(_ *raftgroup.Status, f *readinessFacts) { f.stopping = true }, "shutting down"},
+		{"stranded", func(_ *raftgroup.Status, f *readinessFacts) { f.stranded = "stranded at config 0" }, "stranded at config 0"},
 	} {
 		st, f := follower, fresh
 		c.edit(&st, &f)

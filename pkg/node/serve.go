@@ -461,8 +461,12 @@ func (n *Node) Readiness() []string {
 	if at := n.latestAt.Load(); at != 0 {
 		latest = time.Unix(0, at)
 	}
+	var stranded string
+	if n.group != nil {
+		stranded = n.group.Stranded()
+	}
 	return readiness(n.replica.Status(), readinessFacts{
-		stopping: n.stopping.Load(), group: n.opts.Role == "group", latestConfigAt: latest,
+		stopping: n.stopping.Load(), group: n.opts.Role == "group", latestConfigAt: latest, stranded: stranded,
 		ctrlerUninitialized: n.opts.Role == "ctrler" && !n.ctrlSM.Initialized(), now: time.Now()})
 }
 
@@ -478,6 +482,8 @@ const maxLeaderSilence = 3 * time.Second
 type readinessFacts struct {
 	stopping, group, ctrlerUninitialized bool
 	latestConfigAt, now                  time.Time
+	// stranded: why the group cannot step on (it lost its state), or "".
+	stranded string
 }
 
 // readiness: ready means a member that follows a leader it hears from, with
@@ -511,6 +517,9 @@ func readiness(st raftgroup.Status, f readinessFacts) []string {
 	}
 	if f.ctrlerUninitialized {
 		waiting = append(waiting, "cluster not initialised yet")
+	}
+	if f.stranded != "" {
+		waiting = append(waiting, f.stranded)
 	}
 	return waiting
 }
