@@ -309,9 +309,9 @@ func (e *env) deleteNamespace(t *testing.T) {
 		if _, err := e.kubectlErr("get", "namespace", e.ns); err != nil {
 			return
 		}
-		out, _ := e.kubectlErr("-n", e.ns, "get", "replicagroups", "-o", "name")
-		for _, rg := range strings.Fields(out) {
-			_, _ = e.kubectlErr("-n", e.ns, "patch", rg, "--type=merge", "-p", `{"metadata":{"finalizers":null}}`)
+		out, _ := e.kubectlErr("-n", e.ns, "get", "replicagroups,shardmaps", "-o", "name")
+		for _, obj := range strings.Fields(out) {
+			_, _ = e.kubectlErr("-n", e.ns, "patch", obj, "--type=merge", "-p", `{"metadata":{"finalizers":null}}`)
 		}
 		time.Sleep(2 * time.Second)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -213,17 +214,33 @@ func (e *env) operatorCrash(t *testing.T, base map[string]int) {
 	const g = "demo-c"
 	e.k(t, "scale", "replicagroup/"+g, "--replicas=5")
 	e.waitSettled(t, settle, sm, map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 5})
+	// The scale-in starts, and the ShardMap is paused at once, so the
+	// scale-in is certainly unfinished when the operator dies: a killed
+	// process runs on for a moment (a force-deleted pod's container is
+	// killed by the kubelet a little later), long enough, once, to finish
+	// a 5 -> 3 scale-in on its own.
 	e.k(t, "scale", "replicagroup/"+g, "--replicas=3")
-	e.eventually(t, 2*time.Minute, "scale-in under way", func() (bool, string) {
+	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", `{"spec":{"paused":true}}`)
+	e.eventually(t, 2*time.Minute, "scale-in under way, then paused", func() (bool, string) {
 		rg := e.group(t, g)
 		c := condStatus(rg.Status.Conditions, shardkvv1.ConditionProgressing)
-		return strings.Contains(c, "ScaleIn") || len(rg.Status.Members) < 5,
+		return strings.Contains(c, "Paused") && rg.Status.ObservedGeneration == rg.Generation,
 			fmt.Sprintf("members=%d progressing=%s", len(rg.Status.Members), c)
 	})
 	out := e.kubectl(t, "-n", operatorNS, "get", "pods", "-l", "app.kubernetes.io/component=manager", "-o", "name")
 	t.Logf("killing the operator (%s) mid scale-in; members now %d", strings.TrimSpace(out), len(e.group(t, g).Status.Members))
 	e.kubectl(t, "-n", operatorNS, "delete", "pod", "-l", "app.kubernetes.io/component=manager", "--grace-period=0", "--force")
 	e.kubectl(t, "-n", operatorNS, "rollout", "status", "deploy/"+operatorDeploy, "--timeout=3m")
+	var sts appsv1.StatefulSet
+	if err := e.kube.Get(ctx(t), client.ObjectKey{Namespace: e.ns, Name: g}, &sts); err != nil {
+		t.Fatalf("statefulset %s: %v", g, err)
+	}
+	rg := e.group(t, g)
+	t.Logf("after the kill: %d members, StatefulSet at %d", len(rg.Status.Members), *sts.Spec.Replicas)
+	if len(rg.Status.Members) <= 3 && *sts.Spec.Replicas <= 3 {
+		t.Fatalf("the scale-in finished before the operator was killed: %d members, StatefulSet at %d", len(rg.Status.Members), *sts.Spec.Replicas)
+	}
+	e.k(t, "patch", "shardmap/"+sm, "--type=merge", "-p", `{"spec":{"paused":false}}`)
 	e.waitSettled(t, settle, sm, base)
 	// The scale-in was still under way at the kill: the new operator,
 	// once it held the leader lease (the killed one held it until it

@@ -208,13 +208,12 @@ spec:
 		}
 	}
 
-	// Tear it down (the group's finalizer would drain a last group
-	// forever: drop it, as deleteLastGroup does).
+	// Tear it down: the ShardMap and its only group deleted together go
+	// without a drain (deleteShardMap).
 	for _, n := range []string{tlsGo, tlsRedis, tlsDenied} {
 		e.k(t, "delete", "pod", n, "--wait=false")
 	}
-	e.k(t, "patch", "replicagroup/"+tlsGroup, "--type=merge", "-p", `{"metadata":{"finalizers":null}}`)
-	e.k(t, "delete", "shardmap/"+tlsSM, "--wait=true", "--timeout=2m")
+	e.k(t, "delete", "shardmap/"+tlsSM, "replicagroup/"+tlsGroup, "--wait=true", "--timeout=2m")
 }
 
 // startClientPod runs `kvctl --tls-dir workload` with the certificate of
