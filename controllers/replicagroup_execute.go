@@ -192,7 +192,7 @@ func (r *ReplicaGroupReconciler) execute(ctx context.Context, rg *shardkvv1.Repl
 		return true, ctrl.Result{RequeueAfter: time.Millisecond}, nil
 
 	case stepGrowVolume:
-		c := o.claim(st.Ordinal)
+		c := claimAt(o.Claims, st.Ordinal)
 		if c == nil {
 			return false, ctrl.Result{}, errStale
 		}

@@ -208,6 +208,33 @@ func callsOf(dp *fakeDataPlane, methods ...string) []string {
 	return out
 }
 
+// startTwoGroups starts the ReplicaGroup reconciler (and the ShardMap
+// reconciler too, with withShardMap), ShardMap "sm" (16 shards at the fake
+// controller), and groups "a" and "b" of n replicas each, simulated and
+// serving.
+func startTwoGroups(t *testing.T, n int, withShardMap bool) (ns string, dp *fakeDataPlane) {
+	t.Helper()
+	ns = newNamespace(t)
+	dp = newFakeDataPlane()
+	dp.Ctrler(ns, "sm").SetShards(16)
+	setups := []func(ctrl.Manager) error{setupReplicaGroup(dp)}
+	if withShardMap {
+		setups = append(setups, setupShardMap(dp))
+	}
+	startManager(t, ns, setups...)
+	newShardMap(t, ns, "sm")
+	a := startGroupSim(t, ns, "a", n, dp)
+	b := startGroupSim(t, ns, "b", n, dp)
+	simHooks(dp, a, b)
+	for _, g := range []string{"a", "b"} {
+		newReplicaGroup(t, ns, g, "sm", int32(n))
+	}
+	for _, g := range []string{"a", "b"} {
+		waitServing(t, ns, g, n)
+	}
+	return ns, dp
+}
+
 // startSimGroup starts the ReplicaGroup reconciler, ShardMap "sm" (16
 // shards at the fake controller) and the simulation of group "g"
 // bootstrapped with n replicas; the test creates the ReplicaGroup.

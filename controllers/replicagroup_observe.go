@@ -73,13 +73,6 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 		return o, nil // the planner's first steps need no more
 	}
 	o.RollSlot = rg.Annotations[AnnotationRolling] != ""
-	if !o.RollSlot && !o.Deleting {
-		why, err := r.rollBlocked(ctx, rg, sm)
-		if err != nil {
-			return nil, err
-		}
-		o.RollBlocked = why
-	}
 	o.RetainedPVCs = retainedOrdinals(rg, claims)
 	o.Storage = rg.Spec.Storage
 	o.ResizeRefused = refusedResize(rg.Status.Conditions, rg.Generation)
@@ -109,6 +102,18 @@ func (r *ReplicaGroupReconciler) observe(ctx context.Context, rg *shardkvv1.Repl
 		podObjs[ord] = p
 		o.Pods[ord] = &podView{Ordinal: ord, Name: p.Name, UID: p.UID, Exists: true, Deleting: !p.DeletionTimestamp.IsZero(),
 			Ready: podReady(p), Revision: p.Labels[appsv1.ControllerRevisionHashLabelKey], Trouble: podTrouble(p)}
+	}
+	// Whether a roll may start is asked only of a group with a pod to
+	// roll: it reads the cluster's groups (every group, every pass
+	// otherwise).
+	if !o.RollSlot && !o.Deleting && o.UpdateRevision != "" && slices.ContainsFunc(pods.Items, func(p corev1.Pod) bool {
+		return p.Labels[appsv1.ControllerRevisionHashLabelKey] != o.UpdateRevision
+	}) {
+		why, err := r.rollBlocked(ctx, rg, sm)
+		if err != nil {
+			return nil, err
+		}
+		o.RollBlocked = why
 	}
 	for i := range int(max(o.StsReplicas, 0)) {
 		if _, ok := o.Pods[i]; !ok {

@@ -248,16 +248,6 @@ type observed struct {
 // majority of n voters.
 func majority(n int) int { return n/2 + 1 }
 
-// claim is the replica's claim at ordinal (nil: none observed).
-func (o *observed) claim(ordinal int) *claimView {
-	for i := range o.Claims {
-		if o.Claims[i].Ordinal == ordinal {
-			return &o.Claims[i]
-		}
-	}
-	return nil
-}
-
 func (o *observed) pod(ordinal int) *podView {
 	if p, ok := o.Pods[ordinal]; ok {
 		return p

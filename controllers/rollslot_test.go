@@ -20,18 +20,7 @@ import (
 )
 
 func TestUpgradeRollsControllerFirstThenOneGroupAtATime(t *testing.T) {
-	ns := newNamespace(t)
-	dp := newFakeDataPlane()
-	dp.Ctrler(ns, "sm").SetShards(16)
-	startManager(t, ns, setupReplicaGroup(dp))
-	newShardMap(t, ns, "sm")
-	a := startGroupSim(t, ns, "a", 2, dp)
-	b := startGroupSim(t, ns, "b", 2, dp)
-	simHooks(dp, a, b)
-	newReplicaGroup(t, ns, "a", "sm", 2)
-	newReplicaGroup(t, ns, "b", "sm", 2)
-	waitServing(t, ns, "a", 2)
-	waitServing(t, ns, "b", 2)
+	ns, dp := startTwoGroups(t, 2, false)
 	ctx := context.Background()
 
 	// The controller group's StatefulSet (the ShardMap reconciler does not

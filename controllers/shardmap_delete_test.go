@@ -20,18 +20,7 @@ import (
 )
 
 func TestShardMapDeletionWaitsForGroups(t *testing.T) {
-	ns := newNamespace(t)
-	dp := newFakeDataPlane()
-	dp.Ctrler(ns, "sm").SetShards(16)
-	startManager(t, ns, setupShardMap(dp), setupReplicaGroup(dp))
-	newShardMap(t, ns, "sm")
-	a := startGroupSim(t, ns, "a", 1, dp)
-	b := startGroupSim(t, ns, "b", 1, dp)
-	simHooks(dp, a, b)
-	newReplicaGroup(t, ns, "a", "sm", 1)
-	newReplicaGroup(t, ns, "b", "sm", 1)
-	waitServing(t, ns, "a", 1)
-	waitServing(t, ns, "b", 1)
+	ns, _ := startTwoGroups(t, 1, true)
 	ctx := context.Background()
 	sm := waitSM(t, ns, "sm", "the finalizer", func(sm *shardkvv1.ShardMap) error {
 		if !controllerutil.ContainsFinalizer(sm, ShardMapFinalizer) {

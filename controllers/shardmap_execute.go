@@ -97,12 +97,7 @@ func (r *ShardMapReconciler) execute(ctx context.Context, sm *shardkvv1.ShardMap
 		return r.rollPod(ctx, sm, o, st)
 
 	case smStepGrowVolume:
-		var c *claimView
-		for i := range o.Claims {
-			if o.Claims[i].Ordinal == st.Ordinal {
-				c = &o.Claims[i]
-			}
-		}
+		c := claimAt(o.Claims, st.Ordinal)
 		if c == nil {
 			return smOutcome{}, fmt.Errorf("claim of controller pod %d not observed", st.Ordinal)
 		}

@@ -49,6 +49,16 @@ type claimView struct {
 	Resizing string
 }
 
+// claimAt is the claim of ordinal among claims (nil: none).
+func claimAt(claims []claimView, ordinal int) *claimView {
+	for i := range claims {
+		if claims[i].Ordinal == ordinal {
+			return &claims[i]
+		}
+	}
+	return nil
+}
+
 // viewClaims are the claims of ordinals below n (the replicas the spec or
 // the set has), by ordinal; ordinal maps a claim's name to its ordinal
 // (-1: not one of the group's).

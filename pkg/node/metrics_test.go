@@ -99,9 +99,6 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 // leader alone exports the voters it hears from, 3, then 2 once a
 // follower stops.
 func TestQuorumAndDiskMetrics(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a Raft group")
-	}
 	addrs := loopbackAddrs(t, 6)
 	peers := fmt.Sprintf("1=%s,2=%s,3=%s", addrs[0], addrs[1], addrs[2])
 	var nodes []*Node
