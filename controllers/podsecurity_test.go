@@ -85,9 +85,9 @@ func operatorStatefulSets() map[string]*appsv1.StatefulSet {
 		Annotations:  map[string]string{"example.com/team": "storage"},
 	}
 	return map[string]*appsv1.StatefulSet{
-		"controller group":           smr.desiredCtrlerSts(sm, 3),
-		"controller group, custom":   smr.desiredCtrlerSts(smCustom, 3),
-		"controller group, TLS":      smr.desiredCtrlerSts(smTLS, 3),
+		"controller group":           smr.desiredCtrlerSts(sm, 3, 3),
+		"controller group, custom":   smr.desiredCtrlerSts(smCustom, 3, 3),
+		"controller group, TLS":      smr.desiredCtrlerSts(smTLS, 3, 3),
 		"data group, TLS":            rgr.desiredStatefulSet(rg, smTLS, 3),
 		"data group":                 rgr.desiredStatefulSet(rg, sm, 3),
 		"data group, custom":         rgr.desiredStatefulSet(rgCustom, smCustom, 5),

@@ -223,7 +223,7 @@ func (r *ReplicaGroupReconciler) replicaAddr(rg *shardkvv1.ReplicaGroup, ordinal
 // DialPodIPs) its pods' IPs.
 func (r *ReplicaGroupReconciler) ctrlerAddrs(ctx context.Context, sm *shardkvv1.ShardMap) ([]string, error) {
 	if !r.DialPodIPs {
-		return CtrlerAddrs(sm.Name, int(smCtrlerReplicas(sm)), sm.Namespace), nil
+		return CtrlerAddrs(sm.Name, int(smCtrlerBootstrap(sm)), sm.Namespace), nil
 	}
 	var pods corev1.PodList
 	if err := r.List(ctx, &pods, client.InNamespace(sm.Namespace), client.MatchingLabels{LabelInstance: sm.Name}); err != nil {

@@ -120,7 +120,7 @@ func nodeArgs(rg *shardkvv1.ReplicaGroup, sm *shardkvv1.ShardMap, gid uint64, bo
 		fmt.Sprintf("--listen=0.0.0.0:%d", GRPCPort),
 		fmt.Sprintf("--advertise=%s:%d", self, GRPCPort),
 		"--peers=" + PeersFlag(rg.Name, bootstrap, ns),
-		"--ctrler=" + strings.Join(CtrlerAddrs(sm.Name, int(smCtrlerReplicas(sm)), ns), ","),
+		"--ctrler=" + strings.Join(CtrlerAddrs(sm.Name, int(smCtrlerBootstrap(sm)), ns), ","),
 	}
 	// Redis: plain text unless TLS is on; with it, TLS on RESPTLSPort and
 	// plain text too only if spec.tls.redis is Both. (The flags keep their

@@ -20,6 +20,8 @@ package controllers
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -72,7 +74,6 @@ const (
 	ReasonWaitingToRoll     = "WaitingToRoll"
 	ReasonObjectsUpdated    = "ObjectsUpdated"
 	ReasonConflict          = "NameConflict"
-	ReasonResizeUnsupported = "ControllerResizeUnsupported"
 	ReasonWaitingForTLS     = "WaitingForTLS"
 	ReasonUsersInvalid      = "UsersInvalid"
 	ReasonUsersUpdated      = "UsersUpdated"
@@ -138,6 +139,7 @@ type ShardMapReconciler struct {
 // +kubebuilder:rbac:groups="",resources=services,verbs=list;watch;create;update
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=list;watch;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=cert-manager.io,resources=certificates,verbs=get;create;update
@@ -212,6 +214,32 @@ func (r *ShardMapReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
+// recordCtrlerBootstrap writes the controller group's bootstrap size on
+// the ShardMap (AnnotationCtrlerBootstrap): its StatefulSet's, else the
+// spec's, which the StatefulSet is about to be created with. recorded:
+// the ShardMap was updated (the pass ends there).
+func (r *ShardMapReconciler) recordCtrlerBootstrap(ctx context.Context, sm *shardkvv1.ShardMap) (recorded bool, err error) {
+	n := smCtrlerReplicas(sm)
+	sts := &appsv1.StatefulSet{}
+	switch err := r.Get(ctx, client.ObjectKey{Namespace: sm.Namespace, Name: CtrlerName(sm.Name)}, sts); {
+	case err == nil:
+		if b, perr := strconv.Atoi(sts.Annotations[AnnotationCtrlerBootstrap]); perr == nil && b > 0 && metav1.IsControlledBy(sts, sm) {
+			n = int32(b)
+		}
+	case !apierrors.IsNotFound(err):
+		return false, err
+	}
+	want := strconv.Itoa(int(n))
+	if sm.Annotations[AnnotationCtrlerBootstrap] == want {
+		return false, nil
+	}
+	setAnnotation(sm, AnnotationCtrlerBootstrap, want)
+	if err := r.Update(ctx, sm); err != nil {
+		return false, fmt.Errorf("record the controller group's bootstrap size: %w", err)
+	}
+	return true, nil
+}
+
 // apiReader reads from the API server, not the cache (the Client when no
 // APIReader was set, as in tests that build the reconciler by hand).
 func (r *ShardMapReconciler) apiReader() client.Reader {
@@ -268,6 +296,12 @@ func (r *ShardMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 			return ctrl.Result{}, err
 		}
 		return ctrl.Result{RequeueAfter: time.Millisecond}, nil
+	}
+	if recorded, err := r.recordCtrlerBootstrap(ctx, sm); err != nil || recorded {
+		if apierrors.IsConflict(err) {
+			return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
+		}
+		return ctrl.Result{RequeueAfter: time.Millisecond}, err
 	}
 	orig := sm.Status.DeepCopy()
 

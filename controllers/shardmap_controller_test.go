@@ -211,26 +211,6 @@ func TestShardMapCreatesObjects(t *testing.T) {
 	if err := hasEvent(ns, "demo", reasonStorageResizeRefused, "allowVolumeExpansion"); err != nil {
 		t.Fatal(err)
 	}
-
-	// Resizing the controller group is refused by the CRD (CEL) until it
-	// is supported; the StatefulSet keeps its size.
-	// (Read and written again while the operator's status update races
-	// it: only a conflict is retried.)
-	var cur shardkvv1.ShardMap
-	var err error
-	for range 20 {
-		if err := get(ctx, ns, "demo", &cur); err != nil {
-			t.Fatal(err)
-		}
-		cur.Spec.Controller.Replicas = 5
-		if err = k8sClient.Update(ctx, &cur); !apierrors.IsConflict(err) {
-			break
-		}
-	}
-	expectRefused(t, "controller resize", err, "resizing the controller group is not supported")
-	if err := get(ctx, ns, name, sts); err != nil || *sts.Spec.Replicas != 3 {
-		t.Errorf("after resize request: replicas %d (%v), want 3", *sts.Spec.Replicas, err)
-	}
 }
 
 func TestShardMapPaused(t *testing.T) {

@@ -7,8 +7,10 @@ import (
 	"context"
 	"fmt"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
@@ -118,8 +120,22 @@ func (r *ShardMapReconciler) execute(ctx context.Context, sm *shardkvv1.ShardMap
 	case smStepCreateNetPol, smStepUpdateNetPol, smStepDeleteNetPol:
 		return r.executeNetworkPolicy(ctx, sm, o, st)
 
-	case smStepCtrlerAddLearner, smStepCtrlerPromote, smStepCtrlerRemoveMember:
+	case smStepCtrlerAddLearner, smStepCtrlerPromote, smStepCtrlerRemoveMember, smStepCtrlerTransferLeader:
 		return r.executeCtrlerMember(ctx, sm, o, st), nil
+
+	case smStepScaleStatefulSet:
+		// The spec hash follows the size, so the next pass sees the set
+		// as wanted at that size.
+		sts, want := o.Sts.DeepCopy(), r.desiredCtrlerSts(sm, o.Bootstrap, st.Replicas)
+		sts.Spec.Replicas = want.Spec.Replicas
+		if err := r.updateSpec(ctx, sts, want); err != nil {
+			return smOutcome{}, err
+		}
+		r.event(sm, corev1.EventTypeNormal, ReasonResizingController, action, "%s", st.Object)
+		return smOutcome{Progress: smCondition{metav1.ConditionTrue, ReasonResizingController, st.Object}}, nil
+
+	case smStepDeleteClaim:
+		return r.deleteRemovedClaim(ctx, sm, o, st)
 	}
 	return smOutcome{}, fmt.Errorf("unknown step %s", st)
 }
@@ -147,7 +163,27 @@ func (r *ShardMapReconciler) rollPod(ctx context.Context, sm *shardkvv1.ShardMap
 	r.eventRelated(sm, pod, corev1.EventTypeNormal, "RollingPod", string(st.Kind), "deleting controller pod %s (%s) to update it from revision %s to %s",
 		p.Name, role, p.Revision, o.Sts.Status.UpdateRevision)
 	return smOutcome{Progress: smCondition{metav1.ConditionTrue, ReasonRollingPods,
-		fmt.Sprintf("updating controller pod %s (%d of %d left)", p.Name, st.Outdated, o.Bootstrap)}}, nil
+		fmt.Sprintf("updating controller pod %s (%d of %d left)", p.Name, st.Outdated, o.Size)}}, nil
+}
+
+// deleteRemovedClaim deletes the claim of a controller pod a shrink
+// removed, if the API server's StatefulSet (not the cache's, which may lag
+// a grow) is still below its ordinal, and the claim is the one observed.
+func (r *ShardMapReconciler) deleteRemovedClaim(ctx context.Context, sm *shardkvv1.ShardMap, o *smObserved, st smStep) (smOutcome, error) {
+	sts := &appsv1.StatefulSet{}
+	if err := r.apiReader().Get(ctx, client.ObjectKeyFromObject(o.Sts), sts); err != nil {
+		return smOutcome{}, err
+	}
+	if sts.Spec.Replicas == nil || int(*sts.Spec.Replicas) > st.Ordinal {
+		return smOutcome{}, fmt.Errorf("StatefulSet %s has %v replicas now: the claim of pod %d is in use", sts.Name, ptr.Deref(sts.Spec.Replicas, 1), st.Ordinal)
+	}
+	uid := o.ClaimUIDs[st.Ordinal]
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: sm.Namespace, Name: pvcName(CtrlerName(sm.Name), st.Ordinal)}}
+	if err := client.IgnoreNotFound(r.Delete(ctx, pvc, client.Preconditions{UID: &uid})); err != nil {
+		return smOutcome{}, err
+	}
+	r.event(sm, corev1.EventTypeNormal, ReasonResizingController, string(st.Kind), "%s", st.Object)
+	return smOutcome{Progress: smCondition{metav1.ConditionTrue, ReasonResizingController, st.Object}}, nil
 }
 
 // applyMove makes the Move or Unpin call st names.

@@ -19,6 +19,7 @@ package controllers
 // it has caught up, then RemoveMember of the old id.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -36,6 +37,8 @@ const (
 	smStepCtrlerAddLearner   smStepKind = "AddLearner"
 	smStepCtrlerPromote      smStepKind = "Promote"
 	smStepCtrlerRemoveMember smStepKind = "RemoveMember"
+	// TransferLeader: smStep.Member is the replica handed the leadership.
+	smStepCtrlerTransferLeader smStepKind = "TransferLeader"
 )
 
 // ReasonReplacingCtrlerReplica (Progressing): a controller pod runs under
@@ -64,7 +67,7 @@ func (r *ShardMapReconciler) observeCtrlerMembers(ctx context.Context, sm *shard
 		}
 		// Running, not ready: a replica waiting to be added is not ready
 		// (readiness is Raft health) and is the one to ask.
-		if ord < 0 || ord >= int(o.Bootstrap) || !p.DeletionTimestamp.IsZero() || p.Status.Phase != corev1.PodRunning {
+		if ord < 0 || ord >= int(o.Size) || !p.DeletionTimestamp.IsZero() || p.Status.Phase != corev1.PodRunning {
 			continue
 		}
 		addr := r.ctrlerPodDialAddr(sm, ord, p)
@@ -94,7 +97,7 @@ func ctrlerMembersSettled(o *smObserved) bool {
 	if leader.GetLeader() == 0 || leader.GetId() != leader.GetLeader() {
 		return true
 	}
-	for ord := range int(o.Bootstrap) {
+	for ord := range int(o.Size) {
 		addr := podGRPCAddr(CtrlerName(o.Name), ord, o.Namespace)
 		var at []*shardkvpb.Member
 		for _, m := range leader.GetMembers() {
@@ -130,7 +133,7 @@ func planCtrlerMembers(o *smObserved, pl *smPlan) (smStep, bool) {
 	if leader == nil || leader.GetLeader() == 0 || leader.GetId() != leader.GetLeader() || len(o.CtrlerPods) == 0 {
 		return smStep{}, false
 	}
-	for ord := range int(o.Bootstrap) {
+	for ord := range int(o.Size) {
 		st := o.CtrlerPods[ord]
 		if st == nil || st.GetId() == 0 {
 			continue
@@ -172,13 +175,14 @@ func planCtrlerMembers(o *smObserved, pl *smPlan) (smStep, bool) {
 }
 
 // executeCtrlerMember makes the membership call st names on the
-// controller group's leader. A failure is the outcome's Err (retried with
-// backoff).
+// controller group's leader (a replacement's, a resize's or a roll's). A
+// failure is the outcome's Err (retried with backoff).
 func (r *ShardMapReconciler) executeCtrlerMember(ctx context.Context, sm *shardkvv1.ShardMap, o *smObserved, st smStep) smOutcome {
-	progress := smCondition{metav1.ConditionTrue, ReasonReplacingCtrlerReplica, st.Object}
+	reason := cmp.Or(st.Reason, ReasonReplacingCtrlerReplica)
+	progress := smCondition{metav1.ConditionTrue, reason, st.Object}
 	fail := func(err error) smOutcome {
-		r.event(sm, corev1.EventTypeWarning, ReasonReplacingCtrlerReplica, string(st.Kind), "%s: %v", st.Object, err)
-		return smOutcome{Progress: smCondition{metav1.ConditionTrue, ReasonReplacingCtrlerReplica, fmt.Sprintf("%s: %v", st.Object, err)},
+		r.event(sm, corev1.EventTypeWarning, reason, string(st.Kind), "%s: %v", st.Object, err)
+		return smOutcome{Progress: smCondition{metav1.ConditionTrue, reason, fmt.Sprintf("%s: %v", st.Object, err)},
 			Err: fmt.Errorf("%s controller replica %d: %w", st.Kind, st.Member, err)}
 	}
 	lord := o.leaderOrdinal()
@@ -207,6 +211,8 @@ func (r *ShardMapReconciler) executeCtrlerMember(ctx context.Context, sm *shardk
 		err = api.Promote(cctx, st.Member)
 	case smStepCtrlerRemoveMember:
 		err = api.RemoveMember(cctx, st.Member)
+	case smStepCtrlerTransferLeader:
+		err = api.TransferLeader(cctx, st.Member)
 	default:
 		err = fmt.Errorf("unknown step %s", st)
 	}

@@ -14,7 +14,7 @@ func TestPlanCtrlerMembers(t *testing.T) {
 	const fresh = 846399503690589
 	obs := func(members []*shardkvpb.Member, pod0 uint64) *smObserved {
 		return &smObserved{
-			Name: "demo", Namespace: "ns", Bootstrap: 3, Replicas: 3,
+			Name: "demo", Namespace: "ns", Bootstrap: 3, Replicas: 3, Size: 3,
 			Cluster: &shardkvpb.ClusterStatus{Controller: &shardkvpb.MemberStatus{
 				Id: 2, Leader: 2, Addr: addr(1), Commit: 5000, Members: members}},
 			CtrlerPods: map[int]*shardkvpb.MemberStatus{0: {Id: pod0}, 1: {Id: 2}, 2: {Id: 3}},
@@ -55,7 +55,7 @@ func TestCtrlerMembersSettled(t *testing.T) {
 	addr := func(ord int) string { return podGRPCAddr(CtrlerName("demo"), ord, "ns") }
 	ms := func(v uint64) *uint64 { return &v }
 	obs := func(self, leader uint64, members ...*shardkvpb.Member) *smObserved {
-		return &smObserved{Name: "demo", Namespace: "ns", Bootstrap: 3,
+		return &smObserved{Name: "demo", Namespace: "ns", Bootstrap: 3, Size: 3,
 			Cluster: &shardkvpb.ClusterStatus{Controller: &shardkvpb.MemberStatus{Id: self, Leader: leader, Members: members}}}
 	}
 	lead := &shardkvpb.Member{Id: 2, Addr: addr(1)}

@@ -15,6 +15,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
@@ -28,7 +29,8 @@ func (r *ShardMapReconciler) observe(ctx context.Context, sm *shardkvv1.ShardMap
 		Paused:    sm.Spec.Paused,
 		Moves:     sm.Spec.Moves,
 		Replicas:  smCtrlerReplicas(sm),
-		Bootstrap: smCtrlerReplicas(sm),
+		Bootstrap: smCtrlerBootstrap(sm),
+		Voters:    sm.Status.ControllerVoters,
 		Storage:   sm.Spec.Controller.Storage,
 		Pods:      map[int]*podView{},
 	}
@@ -44,8 +46,12 @@ func (r *ShardMapReconciler) observe(ctx context.Context, sm *shardkvv1.ShardMap
 			o.Bootstrap = int32(n)
 		}
 	}
+	o.Size = o.Bootstrap
 	if found {
 		o.Sts = sts
+		if sts.Spec.Replicas != nil {
+			o.Size = *sts.Spec.Replicas
+		}
 	}
 	svc := &corev1.Service{}
 	if found, err := r.getOwned(ctx, sm, key, svc, &o.SvcConflict); err != nil {
@@ -59,9 +65,9 @@ func (r *ShardMapReconciler) observe(ctx context.Context, sm *shardkvv1.ShardMap
 	} else if found {
 		o.PDB = pdb
 	}
-	o.WantSts = r.desiredCtrlerSts(sm, o.Bootstrap)
+	o.WantSts = r.desiredCtrlerSts(sm, o.Bootstrap, o.Size)
 	o.WantSvc = desiredCtrlerService(sm)
-	o.WantPDB = desiredCtrlerPDB(sm, o.Bootstrap)
+	o.WantPDB = desiredCtrlerPDB(sm, o.Size)
 	if err := r.observeNetworkPolicies(ctx, sm, o); err != nil {
 		return nil, nil, err
 	}
@@ -74,7 +80,14 @@ func (r *ShardMapReconciler) observe(ctx context.Context, sm *shardkvv1.ShardMap
 	if err := r.List(ctx, &claims, client.InNamespace(sm.Namespace), client.MatchingLabels(ctrlerSelectorLabels(sm))); err != nil {
 		return nil, nil, err
 	}
-	o.Claims = viewClaims(claims.Items, int(o.Bootstrap), func(name string) int { return pvcOrdinal(CtrlerName(sm.Name), name) })
+	claimOrdinal := func(name string) int { return pvcOrdinal(CtrlerName(sm.Name), name) }
+	o.Claims = viewClaims(claims.Items, int(o.Size), claimOrdinal)
+	o.ClaimUIDs = map[int]types.UID{}
+	for _, c := range claims.Items {
+		if ord := claimOrdinal(c.Name); ord >= 0 && c.DeletionTimestamp.IsZero() {
+			o.ClaimUIDs[ord] = c.UID
+		}
+	}
 	o.ResizeRefused = refusedResize(sm.Status.Conditions, sm.Generation)
 	for i := range pods.Items {
 		p := &pods.Items[i]
@@ -120,11 +133,11 @@ func (r *ShardMapReconciler) getOwned(ctx context.Context, sm *shardkvv1.ShardMa
 	return true, nil
 }
 
-// ctrlerAddrs are where the operator dials the controller group: its pods'
-// DNS names, or their IPs with DialPodIPs.
-func (r *ShardMapReconciler) ctrlerAddrs(sm *shardkvv1.ShardMap, bootstrap int32, pods []corev1.Pod) ([]string, error) {
+// ctrlerAddrs are where the operator dials the controller group: its n
+// pods' DNS names, or their IPs with DialPodIPs.
+func (r *ShardMapReconciler) ctrlerAddrs(sm *shardkvv1.ShardMap, n int32, pods []corev1.Pod) ([]string, error) {
 	if !r.DialPodIPs {
-		return CtrlerAddrs(sm.Name, int(bootstrap), sm.Namespace), nil
+		return CtrlerAddrs(sm.Name, int(n), sm.Namespace), nil
 	}
 	out := ctrlerPodAddrs(sm.Name, pods)
 	if len(out) == 0 {
@@ -138,10 +151,10 @@ func (r *ShardMapReconciler) ctrlerAddrs(sm *shardkvv1.ShardMap, bootstrap int32
 // API when it answered.
 func (r *ShardMapReconciler) observeController(ctx context.Context, sm *shardkvv1.ShardMap, o *smObserved, pods []corev1.Pod) ControllerAPI {
 	if ready := o.readyReplicas(); ready < o.quorum() {
-		o.ClusterErr = fmt.Errorf("%d/%d controller pods ready (%d needed for a quorum)", ready, o.Bootstrap, o.quorum())
+		o.ClusterErr = fmt.Errorf("%d/%d controller pods ready (%d needed for a quorum)", ready, o.Size, o.quorum())
 		return nil
 	}
-	addrs, err := r.ctrlerAddrs(sm, o.Bootstrap, pods)
+	addrs, err := r.ctrlerAddrs(sm, max(o.Bootstrap, o.Size), pods)
 	if err != nil {
 		o.ClusterErr = err
 		return nil

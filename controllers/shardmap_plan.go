@@ -19,6 +19,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -33,13 +34,19 @@ type smObserved struct {
 	Paused          bool
 	Moves           []shardkvv1.ShardMove
 	// Replicas is spec.controller.replicas; Bootstrap the size the
-	// controller group was created with (its --peers), which it keeps.
-	Replicas, Bootstrap int32
-	Storage             shardkvv1.StorageSpec
-	// Claims are the controller pods' claims; ResizeRefused the API
-	// server's refusal of a resize at this generation (storage.go).
+	// controller group was created with (its --peers), which it keeps;
+	// Size the StatefulSet's replicas (Bootstrap before there is one),
+	// which a resize moves (shardmap_resize.go). Voters is the group's
+	// voting members as last recorded in the status (0: not yet).
+	Replicas, Bootstrap, Size, Voters int32
+	Storage                           shardkvv1.StorageSpec
+	// Claims are the claims of the controller pods below Size;
+	// ResizeRefused the API server's refusal of a resize at this
+	// generation (storage.go). ClaimUIDs are every controller claim not
+	// being deleted, by ordinal (beyond Size too).
 	Claims        []claimView
 	ResizeRefused string
+	ClaimUIDs     map[int]types.UID
 
 	// Sts, Svc and PDB are the controller group's objects (nil: none, or
 	// one this ShardMap does not own: then its *Conflict is set).
@@ -88,8 +95,16 @@ func (o *smObserved) readyReplicas() int32 {
 	return o.Sts.Status.ReadyReplicas
 }
 
-// quorum is a majority of the controller group.
-func (o *smObserved) quorum() int32 { return o.Bootstrap/2 + 1 }
+// quorum is a majority of the controller group's voters: those last
+// recorded, else the StatefulSet's size. (Not the size alone: pods a grow
+// adds are not ready until they are members, which needs the controller.)
+func (o *smObserved) quorum() int32 {
+	n := o.Size
+	if o.Voters > 0 {
+		n = min(n, o.Voters)
+	}
+	return n/2 + 1
+}
 
 // leaderOrdinal is the ordinal of the controller leader's pod (-1: not
 // known).
@@ -112,12 +127,14 @@ const (
 	smStepUpdateService     smStepKind = "UpdateService"
 	smStepCreatePDB         smStepKind = "CreatePodDisruptionBudget"
 	smStepUpdatePDB         smStepKind = "UpdatePodDisruptionBudget"
-	smStepDeletePod         smStepKind = "DeletePod"  // Ordinal: roll it
-	smStepMove              smStepKind = "Move"       // Shard to GID (Group)
-	smStepUnpin             smStepKind = "Unpin"      // Shard (pinned to GID)
-	smStepTLS               smStepKind = "TLS"        // TLS: one Secret write
-	smStepSetUsers          smStepKind = "SetUsers"   // the Secret's users to the controller
-	smStepGrowVolume        smStepKind = "GrowVolume" // Ordinal: its claim to spec.controller.storage.size
+	smStepDeletePod         smStepKind = "DeletePod"        // Ordinal: roll it
+	smStepMove              smStepKind = "Move"             // Shard to GID (Group)
+	smStepUnpin             smStepKind = "Unpin"            // Shard (pinned to GID)
+	smStepTLS               smStepKind = "TLS"              // TLS: one Secret write
+	smStepSetUsers          smStepKind = "SetUsers"         // the Secret's users to the controller
+	smStepGrowVolume        smStepKind = "GrowVolume"       // Ordinal: its claim to spec.controller.storage.size
+	smStepScaleStatefulSet  smStepKind = "ScaleStatefulSet" // Replicas: the StatefulSet's new size
+	smStepDeleteClaim       smStepKind = "DeleteClaim"      // Ordinal: the claim of a pod a shrink removed
 )
 
 // smStep is one change.
@@ -137,17 +154,23 @@ type smStep struct {
 	// NetworkPolicy steps: the policy's name. Controller membership
 	// steps: what the step does, in words.
 	Object string
-	// Controller membership steps: the replica id added, promoted or
-	// removed (Ordinal: the pod).
+	// Controller membership steps: the replica id added, promoted,
+	// removed or handed the leadership (Ordinal: its pod), and the
+	// Progressing reason ("": ReasonReplacingCtrlerReplica).
 	Member uint64
+	Reason string
+	// ScaleStatefulSet: the new size.
+	Replicas int32
 }
 
 func (s smStep) String() string {
 	switch s.Kind {
 	case smStepNone:
 		return "None"
-	case smStepDeletePod, smStepGrowVolume:
+	case smStepDeletePod, smStepGrowVolume, smStepDeleteClaim:
 		return fmt.Sprintf("%s(%d)", s.Kind, s.Ordinal)
+	case smStepScaleStatefulSet:
+		return fmt.Sprintf("%s(%d)", s.Kind, s.Replicas)
 	case smStepMove:
 		return fmt.Sprintf("%s(%d,%d)", s.Kind, s.Shard, s.GID)
 	case smStepUnpin:
@@ -159,7 +182,7 @@ func (s smStep) String() string {
 		return string(s.TLS.Kind)
 	case smStepCreateNetPol, smStepUpdateNetPol, smStepDeleteNetPol:
 		return fmt.Sprintf("%s(%s)", s.Kind, s.Object)
-	case smStepCtrlerAddLearner, smStepCtrlerPromote, smStepCtrlerRemoveMember:
+	case smStepCtrlerAddLearner, smStepCtrlerPromote, smStepCtrlerRemoveMember, smStepCtrlerTransferLeader:
 		return fmt.Sprintf("%s(%d)", s.Kind, s.Member)
 	}
 	return string(s.Kind)
@@ -205,10 +228,6 @@ func planShardMap(o *smObserved) smPlan {
 	name := CtrlerName(o.Name)
 	if o.StsConflict {
 		pl.degraded(ReasonConflict, "StatefulSet %s exists and is not owned by this ShardMap", name)
-	} else if o.Bootstrap != o.Replicas {
-		pl.degraded(ReasonResizeUnsupported,
-			"spec.controller.replicas is %d but the controller group was created with %d; resizing the controller group is not supported yet, it keeps %d",
-			o.Replicas, o.Bootstrap, o.Bootstrap)
 	}
 	if o.Paused {
 		pl.Wait = smCondition{metav1.ConditionFalse, ReasonPaused,
@@ -241,6 +260,10 @@ func planShardMap(o *smObserved) smPlan {
 			pl.Step = st
 			return pl
 		}
+	}
+	if st, ok := planResize(o, &pl); ok {
+		pl.Step = st
+		return pl
 	}
 	if st, ok := planRoll(o, &pl); ok {
 		pl.Step = st
@@ -294,15 +317,17 @@ func planObjects(o *smObserved, pl *smPlan) smStep {
 
 // planRoll deletes one controller pod whose revision is not the
 // StatefulSet's update revision (OnDelete strategy) when every pod is
-// ready and the controller answers with a leader, in nextRollout's order
-// (a leader hands off on SIGTERM, so it needs no transfer first).
+// ready and the controller answers with a leader, in nextRollout's order:
+// followers first, the leader last, after handing its leadership to a
+// caught-up follower (preferably one already updated), so the group
+// elects no leader in a hurry and the restarted pod is a follower.
 func planRoll(o *smObserved, pl *smPlan) (smStep, bool) {
 	sts := o.Sts
 	if sts == nil || sts.Status.UpdateRevision == "" {
 		return smStep{}, false
 	}
 	rev := sts.Status.UpdateRevision
-	roll := nextRollout(int(o.Bootstrap), func(i int) bool {
+	roll := nextRollout(int(o.Size), func(i int) bool {
 		p, ok := o.Pods[i]
 		return ok && p.Revision != rev
 	}, o.leaderOrdinal())
@@ -316,14 +341,25 @@ func planRoll(o *smObserved, pl *smPlan) (smStep, bool) {
 	switch {
 	case sts.Status.ObservedGeneration < sts.Generation:
 		return wait("waiting for the StatefulSet controller to see the new template")
-	case sts.Status.ReadyReplicas < o.Bootstrap || len(o.Pods) < int(o.Bootstrap):
-		return wait("waiting for all %d pods to be ready (%d are)", o.Bootstrap, sts.Status.ReadyReplicas)
+	case sts.Status.ReadyReplicas < o.Size || len(o.Pods) < int(o.Size):
+		return wait("waiting for all %d pods to be ready (%d are)", o.Size, sts.Status.ReadyReplicas)
 	case o.Cluster == nil:
 		return wait("waiting for the controller to answer: %v", o.ClusterErr)
 	}
 	for _, ord := range slices.Sorted(maps.Keys(o.Pods)) {
 		if p := o.Pods[ord]; p.Deleting || !p.Ready {
 			return wait("waiting for pod %s to be ready", p.Name)
+		}
+	}
+	if roll.Leader {
+		if leader := ctrlerLeaderView(o); leader != nil && len(ctrlerVoters(leader)) > 1 {
+			t, tord := ctrlerTransferTarget(o, leader, int(o.Size), rev)
+			if t == nil {
+				return wait("no caught-up follower to take over from the leader, pod %s", o.Pods[roll.Next].Name)
+			}
+			return smStep{Kind: smStepCtrlerTransferLeader, Ordinal: tord, Member: t.GetId(), Reason: ReasonRollingPods,
+				Object: fmt.Sprintf("rolling update: moving the controller's leadership from %s to %s (replica %d) before restarting it",
+					o.Pods[roll.Next].Name, podNameAt(o, tord), t.GetId())}, true
 		}
 	}
 	return smStep{Kind: smStepDeletePod, Ordinal: roll.Next, Leader: roll.Leader, Outdated: roll.Outdated}, true

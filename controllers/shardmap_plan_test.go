@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -29,8 +30,8 @@ func settledSM(leader int) *smObserved {
 	sm := &shardkvv1.ShardMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "demo"}, Spec: shardkvv1.ShardMapSpec{
 		Shards: 8, Controller: shardkvv1.ControllerSpec{Replicas: 3, Storage: shardkvv1.StorageSpec{Size: resource.MustParse("256Mi")}}}}
 	r := &ShardMapReconciler{DefaultImage: "shardkv:test"}
-	o := &smObserved{Name: "demo", Namespace: "ns", Replicas: 3, Bootstrap: 3, Storage: sm.Spec.Controller.Storage,
-		WantSts: r.desiredCtrlerSts(sm, 3), WantSvc: desiredCtrlerService(sm), WantPDB: desiredCtrlerPDB(sm, 3),
+	o := &smObserved{Name: "demo", Namespace: "ns", Replicas: 3, Bootstrap: 3, Size: 3, Storage: sm.Spec.Controller.Storage,
+		WantSts: r.desiredCtrlerSts(sm, 3, 3), WantSvc: desiredCtrlerService(sm), WantPDB: desiredCtrlerPDB(sm, 3),
 		Pods: map[int]*podView{}}
 	o.Sts, o.Svc, o.PDB = o.WantSts.DeepCopy(), o.WantSvc.DeepCopy(), o.WantPDB.DeepCopy()
 	o.Sts.Generation = 2
@@ -40,9 +41,13 @@ func settledSM(leader int) *smObserved {
 		name := fmt.Sprintf("demo-ctrler-%d", i)
 		o.Pods[i] = &podView{Ordinal: i, Name: name, UID: types.UID("uid-" + name), Exists: true, Ready: true, Revision: "r1"}
 	}
+	var members []*shardkvpb.Member
+	for i := range 3 {
+		members = append(members, &shardkvpb.Member{Id: uint64(i + 1), Addr: podGRPCAddr("demo-ctrler", i, "ns"), Match: 100, HeardMsAgo: ptr.To[uint64](50)})
+	}
 	o.Cluster = &shardkvpb.ClusterStatus{
-		Controller: &shardkvpb.MemberStatus{Id: uint64(leader + 1), Leader: uint64(leader + 1), Role: "leader",
-			Addr: fmt.Sprintf("demo-ctrler-%d.demo-ctrler.ns.svc:7000", leader)},
+		Controller: &shardkvpb.MemberStatus{Id: uint64(leader + 1), Leader: uint64(leader + 1), Role: "leader", Commit: 100,
+			Addr: fmt.Sprintf("demo-ctrler-%d.demo-ctrler.ns.svc:7000", leader), Members: members},
 		Latest: &shardkvpb.Config{Num: 4, Shards: []uint64{1, 1, 1, 1, 2, 2, 2, 2}, Groups: []*shardkvpb.Group{smGroup(1), smGroup(2)}},
 	}
 	o.Groups = map[string]*shardkvv1.ReplicaGroup{}
@@ -147,10 +152,10 @@ func TestPlanShardMapDegraded(t *testing.T) {
 		t.Errorf("degraded %q", pl.Degraded.Message)
 	}
 
-	// A resize is refused; the rest goes on.
+	// A resize is applied (shardmap_resize_test.go), not refused.
 	o = settledSM(0)
 	o.Replicas = 5
-	expectPlan(t, planShardMap(o), "None", "", "", ReasonResizeUnsupported)
+	expectPlan(t, planShardMap(o), "ScaleStatefulSet(5)", "", "", "")
 
 	// Volumes grow, one claim per pass, after the template; what cannot
 	// be applied is said.
@@ -178,9 +183,6 @@ func TestPlanShardMapDegraded(t *testing.T) {
 	class := "fast"
 	o.Storage = shardkvv1.StorageSpec{Size: resource.MustParse("256Mi"), StorageClassName: &class}
 	expectPlan(t, planShardMap(o), "None", "", "", reasonStorageClassImmutable)
-	// The resize is the one said when both apply.
-	o.Replicas = 5
-	expectPlan(t, planShardMap(o), "None", "", "", ReasonResizeUnsupported)
 
 	// A foreign Service or PDB is said (the later one when both are) and
 	// left alone; the other objects go on.
@@ -205,7 +207,7 @@ func TestPlanShardMapPaused(t *testing.T) {
 	o.Moves = []shardkvv1.ShardMove{{Shard: 0, Group: "b"}}
 	o.Replicas = 5
 	pl := planShardMap(o)
-	expectPlan(t, pl, "None", ReasonPaused, "spec.paused is set", ReasonResizeUnsupported)
+	expectPlan(t, pl, "None", ReasonPaused, "spec.paused is set", "")
 	if pl.Wait.Status != metav1.ConditionFalse {
 		t.Errorf("paused: Progressing %s, want False", pl.Wait.Status)
 	}
@@ -246,7 +248,8 @@ func TestPlanShardMapRollWaits(t *testing.T) {
 }
 
 // TestPlanShardMapRollOrder: one pod per pass, each back and ready before
-// the next, followers from the highest ordinal down, the leader last.
+// the next, followers from the highest ordinal down, the leader last,
+// after it handed its leadership to an updated follower.
 func TestPlanShardMapRollOrder(t *testing.T) {
 	o := settledSM(1).newRevision()
 	var order []string
@@ -257,15 +260,21 @@ func TestPlanShardMapRollOrder(t *testing.T) {
 			break
 		}
 		st := pl.Step
-		if st.Kind != smStepDeletePod || st.Leader != (st.Ordinal == 1) || st.Outdated != 3-len(order) {
+		order = append(order, st.String())
+		if st.Kind == smStepCtrlerTransferLeader {
+			// The leader moves to the target; its pod is a follower now.
+			l := o.Cluster.Controller
+			l.Id, l.Leader, l.Addr = st.Member, st.Member, podGRPCAddr("demo-ctrler", st.Ordinal, "ns")
+			continue
+		}
+		if st.Kind != smStepDeletePod || st.Leader {
 			t.Fatalf("after %v: step %+v", order, st)
 		}
-		order = append(order, st.String())
 		// The pod goes; while others are outdated the next pass waits for it.
 		p := o.Pods[st.Ordinal]
 		delete(o.Pods, st.Ordinal)
 		o.Sts.Status.ReadyReplicas = 2
-		if len(order) < 3 {
+		if len(order) < 4 {
 			expectPlan(t, planShardMap(o), "None", ReasonWaitingToRoll, "waiting for all 3 pods to be ready (2 are)", "")
 		}
 		// It is back at the new revision.
@@ -273,14 +282,28 @@ func TestPlanShardMapRollOrder(t *testing.T) {
 		o.Pods[st.Ordinal] = p
 		o.Sts.Status.ReadyReplicas = 3
 	}
-	if want := []string{"DeletePod(2)", "DeletePod(0)", "DeletePod(1)"}; !slices.Equal(order, want) {
+	// Both followers are updated and caught up: the lower ordinal takes over.
+	if want := []string{"DeletePod(2)", "DeletePod(0)", "TransferLeader(1)", "DeletePod(1)"}; !slices.Equal(order, want) {
 		t.Errorf("roll order %v, want %v", order, want)
 	}
 
-	// Pods beyond the bootstrap size are not the group's: not rolled.
+	// No follower heard from lately: the leader's pod waits.
+	o = settledSM(1).newRevision()
+	for _, i := range []int{0, 2} {
+		o.Pods[i].Revision = "r2"
+		o.Cluster.Controller.Members[i].HeardMsAgo = ptr.To[uint64](60000)
+	}
+	expectPlan(t, planShardMap(o), "None", ReasonWaitingToRoll, "no caught-up follower to take over from the leader, pod demo-ctrler-1", "")
+	// The most caught-up follower takes over.
+	o = settledSM(1).newRevision()
+	o.Pods[0].Revision, o.Pods[2].Revision = "r2", "r2"
+	o.Cluster.Controller.Members[0].Match = 99
+	expectPlan(t, planShardMap(o), "TransferLeader(3)", "", "", "")
+
+	// Pods beyond the set are not rolled: they wait to go.
 	o = settledSM(0)
 	o.Pods[3] = &podView{Ordinal: 3, Name: "demo-ctrler-3", Exists: true, Ready: true, Revision: "r0"}
-	expectPlan(t, planShardMap(o), "None", "", "", "")
+	expectPlan(t, planShardMap(o), "None", ReasonResizingController, "waiting for pod demo-ctrler-3, no longer a member, to terminate", "")
 }
 
 // TestPlanShardMapMoves: spec.moves against the config's pins, one call

@@ -26,9 +26,13 @@ const (
 	// annotationSpecHash (on objects the ShardMap reconciler owns) is the
 	// contentHash of the spec it last wrote.
 	annotationSpecHash = "shardkv.io/spec-hash"
-	// AnnotationCtrlerBootstrap (on the controller StatefulSet) is how many
-	// replicas the controller group was bootstrapped with: its --peers and
-	// its size, fixed for the cluster's life.
+	// AnnotationCtrlerBootstrap (on the controller StatefulSet, and on the
+	// ShardMap) is how many replicas the controller group was bootstrapped
+	// with: its --peers, and the data pods' --ctrler list, fixed for the
+	// cluster's life whatever its size becomes. (Clients find replicas
+	// beyond the list through the leader hints of those in it.) On the
+	// ShardMap it lets the ReplicaGroup reconciler write --ctrler without
+	// reading the controller's StatefulSet.
 	AnnotationCtrlerBootstrap = "shardkv.io/bootstrap-replicas"
 )
 
@@ -65,6 +69,16 @@ func smCtrlerReplicas(sm *shardkvv1.ShardMap) int32 {
 		return sm.Spec.Controller.Replicas
 	}
 	return 3
+}
+
+// smCtrlerBootstrap is the controller group's bootstrap size as the
+// ShardMap records it (AnnotationCtrlerBootstrap); until it is recorded,
+// spec.controller.replicas, which it is created with.
+func smCtrlerBootstrap(sm *shardkvv1.ShardMap) int32 {
+	if n, err := strconv.Atoi(sm.Annotations[AnnotationCtrlerBootstrap]); err == nil && n > 0 {
+		return int32(n)
+	}
+	return smCtrlerReplicas(sm)
 }
 
 func (r *ShardMapReconciler) ctrlerImage(sm *shardkvv1.ShardMap) string {
@@ -133,7 +147,10 @@ func (r *ShardMapReconciler) ctrlerPodTemplate(sm *shardkvv1.ShardMap, bootstrap
 	return tmpl
 }
 
-func (r *ShardMapReconciler) desiredCtrlerSts(sm *shardkvv1.ShardMap, bootstrap int32) *appsv1.StatefulSet {
+// desiredCtrlerSts is the controller StatefulSet of a group bootstrapped
+// with bootstrap replicas, at size replicas (a resize moves it one planned
+// step at a time: shardmap_resize.go).
+func (r *ShardMapReconciler) desiredCtrlerSts(sm *shardkvv1.ShardMap, bootstrap, replicas int32) *appsv1.StatefulSet {
 	name := CtrlerName(sm.Name)
 	sts := &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{
@@ -141,7 +158,7 @@ func (r *ShardMapReconciler) desiredCtrlerSts(sm *shardkvv1.ShardMap, bootstrap 
 			Annotations: map[string]string{AnnotationCtrlerBootstrap: strconv.Itoa(int(bootstrap))},
 		},
 		Spec: appsv1.StatefulSetSpec{
-			Replicas:            ptr.To(bootstrap),
+			Replicas:            ptr.To(replicas),
 			ServiceName:         name,
 			PodManagementPolicy: appsv1.ParallelPodManagement,
 			// The operator rolls the pods itself, one at a time, with a

@@ -434,6 +434,9 @@ func fillStatus(sm *shardkvv1.ShardMap, o *smObserved) (settled bool, waits []mi
 		st.NextGroupID = next
 		return false, nil
 	}
+	if leader := ctrlerLeaderView(o); leader != nil {
+		st.ControllerVoters = int32(len(ctrlerVoters(leader)))
+	}
 	cfg := o.Cluster.Latest
 	for _, g := range cfg.Groups {
 		next = max(next, int64(g.Gid)+1)

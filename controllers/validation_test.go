@@ -98,8 +98,9 @@ func TestValidationShardMapDefaultsAndImmutability(t *testing.T) {
 	}
 	mutate("shards changed", func(sm *shardkvv1.ShardMap) { sm.Spec.Shards = 128 }, "shards is immutable: it is fixed when the cluster is created")
 	mutate("placement changed", func(sm *shardkvv1.ShardMap) { sm.Spec.Placement = "consistent-hash" }, "placement is immutable: it is fixed when the cluster is created")
-	mutate("controller replicas changed", func(sm *shardkvv1.ShardMap) { sm.Spec.Controller.Replicas = 5 },
-		"controller replicas cannot change yet: resizing the controller group is not supported")
+	mutate("controller replicas even", func(sm *shardkvv1.ShardMap) { sm.Spec.Controller.Replicas = 4 },
+		"controller replicas must be odd (1, 3, 5 or 7)")
+	mutate("controller replicas changed (a resize)", func(sm *shardkvv1.ShardMap) { sm.Spec.Controller.Replicas = 5 }, "")
 	mutate("paused and moves may change", func(sm *shardkvv1.ShardMap) {
 		sm.Spec.Paused = true
 		sm.Spec.Moves = []shardkvv1.ShardMove{{Shard: 3, Group: "g"}}
@@ -172,7 +173,7 @@ func TestCRDPrinterColumns(t *testing.T) {
 	requireEnvtest(t)
 	ctx := context.Background()
 	want := map[string][]string{
-		"shardmaps.shardkv.io":     {"Config", "Groups", "Shards", "Migrating", "Ready", "Migrate-Rate", "Age"},
+		"shardmaps.shardkv.io":     {"Config", "Controllers", "Groups", "Shards", "Migrating", "Ready", "Migrate-Rate", "Age"},
 		"replicagroups.shardkv.io": {"GID", "Phase", "Replicas", "Ready", "Shards", "Leader", "Age"},
 	}
 	for name, cols := range want {

@@ -228,6 +228,8 @@ func TestE2E(t *testing.T) {
 
 	run("ControllerDiskLoss", func(t *testing.T) { e.controllerDiskLoss(t) })
 
+	run("ControllerResize", func(t *testing.T) { e.controllerResize(t) })
+
 	run("TLS", func(t *testing.T) { e.tlsCluster(t) })
 
 	run("ReadBack", func(t *testing.T) {

@@ -355,6 +355,13 @@ type kvctlStatusJSON struct {
 		Leader     uint64 `json:"leader"`
 		LeaderAddr string `json:"leader_addr"`
 		Term       uint64 `json:"term"`
+		Members    []struct {
+			ID        uint64 `json:"id"`
+			Addr      string `json:"addr"`
+			Role      string `json:"role"`
+			Learner   bool   `json:"learner"`
+			Reachable bool   `json:"reachable"`
+		} `json:"members"`
 	} `json:"controller"`
 	Groups []struct {
 		GID         uint64 `json:"gid"`

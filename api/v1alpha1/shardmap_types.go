@@ -116,11 +116,14 @@ type MigrationSpec struct {
 // ControllerSpec is the shard controller's Raft group.
 type ControllerSpec struct {
 	// Replicas of the controller group: odd, so a majority is well defined.
+	// A change resizes the running group one member at a time: new pods
+	// join as learners and are promoted once caught up; a shrink removes
+	// the highest ordinals' members (moving leadership away first), then
+	// their pods and volumes.
 	// +kubebuilder:default=3
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=7
 	// +kubebuilder:validation:XValidation:rule="self % 2 == 1",message="controller replicas must be odd (1, 3, 5 or 7)"
-	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="controller replicas cannot change yet: resizing the controller group is not supported"
 	// +optional
 	Replicas int32 `json:"replicas,omitempty"`
 	// Image of the controller's node binary; defaults to spec.image, then
@@ -162,6 +165,10 @@ type ShardMapStatus struct {
 	ConfigNum int64 `json:"configNum,omitempty"`
 	// +optional
 	ControllerReadyReplicas int32 `json:"controllerReadyReplicas,omitempty"`
+	// ControllerVoters are the controller group's voting members, as its
+	// leader last reported them (a resize moves it one at a time).
+	// +optional
+	ControllerVoters int32 `json:"controllerVoters,omitempty"`
 	// Groups are the groups in the latest config.
 	// +optional
 	Groups []GroupRef `json:"groups,omitempty"`
@@ -284,6 +291,7 @@ type Migration struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=sm,categories=shardkv
 // +kubebuilder:printcolumn:name="Config",type=integer,JSONPath=`.status.configNum`
+// +kubebuilder:printcolumn:name="Controllers",type=integer,JSONPath=`.status.controllerVoters`,description="voting members of the controller group"
 // +kubebuilder:printcolumn:name="Groups",type=integer,JSONPath=`.status.groupCount`
 // +kubebuilder:printcolumn:name="Shards",type=integer,JSONPath=`.spec.shards`
 // +kubebuilder:printcolumn:name="Migrating",type=integer,JSONPath=`.status.migratingShards`
