@@ -269,6 +269,11 @@ func (e *env) deployOperator(t *testing.T) {
 	if e.image != "shardkv:dev" {
 		e.kubectl(t, "-n", operatorNS, "set", "image", "deploy/"+operatorDeploy, "manager="+e.image)
 	}
+	// The local cluster's kubelet syncs Secret volumes every 10 s
+	// (hack/local-cluster.sh): a CA rotation need not wait the default
+	// 2 minutes per step for them (TLS scenario).
+	e.kubectl(t, "-n", operatorNS, "patch", "deploy/"+operatorDeploy, "--type=json", "-p",
+		`[{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--tls-propagation=45s"}]`)
 	e.kubectl(t, "-n", operatorNS, "rollout", "status", "deploy/"+operatorDeploy, "--timeout=3m")
 }
 

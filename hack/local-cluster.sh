@@ -505,6 +505,10 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 rotateCertificates: false
+# Pods are synced, and changed Secrets and ConfigMaps reach their volumes,
+# within about 10 s (default 1m): a certificate rotation's propagation wait
+# can then be short (the e2e runs the operator with --tls-propagation=45s).
+syncFrequency: 10s
 EOF
 
   cat >"$CONF/kube-proxy.yaml" <<EOF
