@@ -127,6 +127,10 @@ func (e *env) rollingUpdate(t *testing.T, base map[string]int) {
 	})
 	e.waitSettled(t, settle, sm, base)
 	e.checkRollOrder(t, rollStart, sets)
+	// The controller's leader is handed off before its pod goes.
+	if evs := e.events(t, "ShardMap", sm, rollStart); !containsPrefix(evs, "TransferLeader\trolling update: moving the controller's leadership from ") {
+		t.Errorf("the controller group's roll moved no leadership; events:\n%s", strings.Join(evs, "\n"))
+	}
 	for g := range base {
 		evs := e.events(t, "ReplicaGroup", g, rollStart)
 		if !containsPrefix(evs, "RollingUpdate\trolling update: 3 pods to restart") || !containsPrefix(evs, "RollingUpdate\trolling update done") {
