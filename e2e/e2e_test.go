@@ -432,7 +432,7 @@ func (e *env) checkStatusAgrees(t *testing.T, groups map[string]int) {
 	// The printer columns show the status.
 	out := e.k(t, "get", "shardmap", sm, "--no-headers")
 	s := e.shardMap(t, sm)
-	want := fmt.Sprintf(`^%s\s+%d\s+%d\s+%d\s+0\s+True\s+`, sm, s.Status.ConfigNum, len(groups), s.Spec.Shards)
+	want := fmt.Sprintf(`^%s\s+%d\s+%d\s+%d\s+%d\s+0\s+True\s+`, sm, s.Status.ConfigNum, s.Status.ControllerVoters, len(groups), s.Spec.Shards)
 	if !regexp.MustCompile(want).MatchString(out) {
 		t.Errorf("kubectl get shardmap: %q does not match %q", out, want)
 	}
