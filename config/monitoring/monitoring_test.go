@@ -1,19 +1,13 @@
-// Package monitoring holds the Prometheus Operator manifests, the alert
-// rules and the Grafana dashboard (YAML and JSON, applied with kustomize);
-// this test checks them against what the replicas and the operator really
-// export.
 package monitoring
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -44,42 +38,14 @@ import (
 // builtin are series Prometheus makes itself, not an exporter.
 var builtin = []string{"up"}
 
-// query is one PromQL expression and where it comes from.
-type query struct{ where, expr string }
-
-// ruleFile is the part of a PrometheusRule this test reads.
-type ruleFile struct {
-	APIVersion string         `json:"apiVersion"`
-	Kind       string         `json:"kind"`
-	Metadata   map[string]any `json:"metadata"`
-	Spec       struct {
-		Groups []struct {
-			Name  string `json:"name"`
-			Rules []struct {
-				Alert       string            `json:"alert"`
-				Record      string            `json:"record"`
-				Expr        string            `json:"expr"`
-				For         string            `json:"for"`
-				Labels      map[string]string `json:"labels"`
-				Annotations map[string]string `json:"annotations"`
-			} `json:"rules"`
-		} `json:"groups"`
-	} `json:"spec"`
-}
-
 // rules are the alert expressions of prometheusrule.yaml; every alert
 // must have a severity and say what to do.
-func rules(t *testing.T) []query {
+func rules(t *testing.T) []Query {
 	t.Helper()
-	b, err := os.ReadFile("prometheusrule.yaml")
+	f, err := Rules()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f ruleFile
-	if err := yaml.UnmarshalStrict(b, &f); err != nil {
-		t.Fatalf("prometheusrule.yaml: %v", err)
-	}
-	var out []query
 	for _, g := range f.Spec.Groups {
 		for _, r := range g.Rules {
 			if r.Alert == "" {
@@ -93,70 +59,21 @@ func rules(t *testing.T) []query {
 					t.Errorf("alert %s: for %q: %v", r.Alert, r.For, err)
 				}
 			}
-			out = append(out, query{"alert " + r.Alert, r.Expr})
 		}
 	}
+	out := f.Alerts()
 	if len(out) < 4 {
 		t.Fatalf("prometheusrule.yaml: only %d alerts", len(out))
 	}
 	return out
 }
 
-// labelValues is a Grafana variable query: label_values(<selector>, <label>).
-var labelValues = regexp.MustCompile(`^label_values\((.+),\s*[a-zA-Z_][a-zA-Z0-9_]*\)$`)
-
-// dashboard are the panel and variable queries of grafana/shardkv.json,
-// with Grafana's variables replaced by values PromQL accepts.
-func dashboard(t *testing.T) []query {
+// dashboard are the panel and variable queries of grafana/shardkv.json.
+func dashboard(t *testing.T) []Query {
 	t.Helper()
-	b, err := os.ReadFile("grafana/shardkv.json")
+	out, err := Dashboard()
 	if err != nil {
 		t.Fatal(err)
-	}
-	type panel struct {
-		Title   string  `json:"title"`
-		Panels  []panel `json:"panels"`
-		Targets []struct {
-			Expr string `json:"expr"`
-		} `json:"targets"`
-	}
-	var d struct {
-		Panels     []panel `json:"panels"`
-		Templating struct {
-			List []struct {
-				Name  string          `json:"name"`
-				Type  string          `json:"type"`
-				Query json.RawMessage `json:"query"`
-			} `json:"list"`
-		} `json:"templating"`
-	}
-	if err := json.Unmarshal(b, &d); err != nil {
-		t.Fatalf("grafana/shardkv.json: %v", err)
-	}
-	var out []query
-	var walk func([]panel)
-	walk = func(ps []panel) {
-		for _, p := range ps {
-			for _, tg := range p.Targets {
-				out = append(out, query{"panel " + p.Title, grafanaVars(tg.Expr)})
-			}
-			walk(p.Panels)
-		}
-	}
-	walk(d.Panels)
-	for _, v := range d.Templating.List {
-		if v.Type != "query" {
-			continue
-		}
-		var q struct{ Query string }
-		if err := json.Unmarshal(v.Query, &q); err != nil {
-			t.Fatalf("variable %s: %v", v.Name, err)
-		}
-		m := labelValues.FindStringSubmatch(q.Query)
-		if m == nil {
-			t.Fatalf("variable %s: %q is not label_values(selector, label)", v.Name, q.Query)
-		}
-		out = append(out, query{"variable " + v.Name, grafanaVars(m[1])})
 	}
 	if len(out) < 10 {
 		t.Fatalf("grafana/shardkv.json: only %d queries", len(out))
@@ -164,22 +81,16 @@ func dashboard(t *testing.T) []query {
 	return out
 }
 
-// grafanaVars replaces Grafana's interval variables; $namespace and the
-// like only appear inside label matcher strings, which stay as they are.
-func grafanaVars(expr string) string {
-	return strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "1h").Replace(expr)
-}
-
 // metricNames parses each query and returns the metric names it selects,
 // with the queries that use each.
-func metricNames(t *testing.T, qs []query) map[string][]string {
+func metricNames(t *testing.T, qs []Query) map[string][]string {
 	t.Helper()
 	p := parser.NewParser(parser.Options{})
 	out := map[string][]string{}
 	for _, q := range qs {
-		e, err := p.ParseExpr(q.expr)
+		e, err := p.ParseExpr(q.Expr)
 		if err != nil {
-			t.Errorf("%s: %v\n%s", q.where, err, q.expr)
+			t.Errorf("%s: %v\n%s", q.Where, err, q.Expr)
 			continue
 		}
 		parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
@@ -194,11 +105,11 @@ func metricNames(t *testing.T, qs []query) map[string][]string {
 				}
 			}
 			if name == "" {
-				t.Errorf("%s: a selector without a metric name: %s", q.where, vs)
+				t.Errorf("%s: a selector without a metric name: %s", q.Where, vs)
 				return nil
 			}
-			if !slices.Contains(out[name], q.where) {
-				out[name] = append(out[name], q.where)
+			if !slices.Contains(out[name], q.Where) {
+				out[name] = append(out[name], q.Where)
 			}
 			return nil
 		})
@@ -501,40 +412,12 @@ func TestAlertRules(t *testing.T) {
 	}
 }
 
-// promLabel is how Prometheus's Kubernetes discovery names a pod label.
-func promLabel(k8sLabel string) string {
-	return "__meta_kubernetes_pod_label_" + regexp.MustCompile(`[^a-zA-Z0-9_]`).ReplaceAllString(k8sLabel, "_")
-}
-
 // TestPodMonitorMatchesPods: the PodMonitor selects the labels the
 // operator puts on its pods (controllers' constants), on the port name
 // its containers use, and its relabelings read those labels.
 func TestPodMonitorMatchesPods(t *testing.T) {
-	b, err := os.ReadFile("podmonitor.yaml")
+	pm, err := PodMonitor()
 	if err != nil {
-		t.Fatal(err)
-	}
-	var pm struct {
-		Spec struct {
-			Selector struct {
-				MatchLabels      map[string]string `json:"matchLabels"`
-				MatchExpressions []struct {
-					Key      string   `json:"key"`
-					Operator string   `json:"operator"`
-					Values   []string `json:"values"`
-				} `json:"matchExpressions"`
-			} `json:"selector"`
-			Endpoints []struct {
-				Port        string `json:"port"`
-				Path        string `json:"path"`
-				Relabelings []struct {
-					SourceLabels []string `json:"sourceLabels"`
-					TargetLabel  string   `json:"targetLabel"`
-				} `json:"relabelings"`
-			} `json:"podMetricsEndpoints"`
-		} `json:"spec"`
-	}
-	if err := yaml.Unmarshal(b, &pm); err != nil {
 		t.Fatal(err)
 	}
 	sel := pm.Spec.Selector
@@ -545,13 +428,13 @@ func TestPodMonitorMatchesPods(t *testing.T) {
 		!slices.Equal(sel.MatchExpressions[0].Values, []string{controllers.ComponentGroup, controllers.ComponentController}) {
 		t.Errorf("matchExpressions %+v, want %s in [%s %s]", sel.MatchExpressions, controllers.LabelComponent, controllers.ComponentGroup, controllers.ComponentController)
 	}
-	if len(pm.Spec.Endpoints) != 1 || pm.Spec.Endpoints[0].Port != "http" || pm.Spec.Endpoints[0].Path != "/metrics" {
-		t.Fatalf("endpoints %+v, want port http (%d), /metrics", pm.Spec.Endpoints, controllers.HTTPPort)
+	if len(pm.Spec.PodEndpoints) != 1 || pm.Spec.PodEndpoints[0].Port != "http" || pm.Spec.PodEndpoints[0].Path != "/metrics" {
+		t.Fatalf("endpoints %+v, want port http (%d), /metrics", pm.Spec.PodEndpoints, controllers.HTTPPort)
 	}
-	want := map[string]string{"shardmap": promLabel(controllers.LabelInstance), "component": promLabel(controllers.LabelComponent),
-		"replicagroup": promLabel(controllers.LabelGroup)}
+	want := map[string]string{"shardmap": SDLabel("pod", controllers.LabelInstance), "component": SDLabel("pod", controllers.LabelComponent),
+		"replicagroup": SDLabel("pod", controllers.LabelGroup)}
 	known := []string{want["shardmap"], want["component"], want["replicagroup"]}
-	for _, r := range pm.Spec.Endpoints[0].Relabelings {
+	for _, r := range pm.Spec.PodEndpoints[0].Relabelings {
 		for _, s := range r.SourceLabels {
 			if !slices.Contains(known, s) {
 				t.Errorf("relabeling to %s reads %s, not a label the operator sets", r.TargetLabel, s)
