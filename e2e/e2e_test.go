@@ -152,6 +152,8 @@ func TestE2E(t *testing.T) {
 
 	run("SpecMoves", func(t *testing.T) { e.specMoves(t) })
 
+	run("PrometheusScrape", func(t *testing.T) { e.prometheusScrape(t) })
+
 	run("EvictionKeepsQuorum", func(t *testing.T) { e.evictionKeepsQuorum(t) })
 
 	run("DeleteGroup", func(t *testing.T) {
