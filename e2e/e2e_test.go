@@ -66,6 +66,7 @@ func TestE2E(t *testing.T) {
 		t.Logf("after scale to 5:\n%s", e.k(t, "get", "shardmaps,replicagroups", "-o", "wide"))
 		e.checkEvents(t, "demo-a", "AddLearner", "Promote")
 		e.workloadsProgress(t)
+		removed := e.memberAt(t, "demo-a", "demo-a-3") // the replica the scale-in removes
 
 		e.k(t, "scale", "replicagroup/demo-a", "--replicas=3")
 		e.waitSettled(t, settle, sm, base)
@@ -80,6 +81,7 @@ func TestE2E(t *testing.T) {
 		}
 		e.checkMembersMatchPods(t, "demo-a")
 		e.workloadsProgress(t)
+		e.scaleOutOnRetainedVolume(t, "demo-a", removed, base)
 	})
 
 	run("ReadinessIsRaftHealth", func(t *testing.T) { e.readinessIsRaftHealth(t) })

@@ -50,6 +50,10 @@ type env struct {
 	scenarioStart time.Time
 	// fills are the data sets written so far (fill); ReadBack checks them.
 	fills []dataSet
+	// staleKey is a key of demo-a whose value is "old" on the volume of
+	// the replica ScaleGroup removed last (demo-a-3's) and "new" in the
+	// group: ReadinessIsRaftHealth reads it through that replica.
+	staleKey string
 }
 
 func envOr(k, def string) string {

@@ -3,11 +3,13 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -17,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	shardkvv1 "github.com/shardkv/shardkv/api/v1alpha1"
+	"github.com/shardkv/shardkv/controllers"
 )
 
 // The solo cluster: ShardMap "solo" (8 shards, one controller replica)
@@ -351,6 +354,26 @@ func (e *env) readinessIsRaftHealth(t *testing.T) {
 		}
 		return false, string(p.Status.Phase)
 	})
+	// What the removed replica answers for a key changed since its
+	// removal: never its old value (nor none); an error or a redirect.
+	if e.staleKey != "" {
+		// Until the replica answers (its port may not be open yet).
+		var v string
+		var err error
+		e.eventually(t, time.Minute, pod+" answers GET "+e.staleKey, func() (bool, string) {
+			v, err = e.redisGet(t, pod, controllers.RESPPort, e.staleKey)
+			var re redis.Error
+			return err == nil || errors.As(err, &re), fmt.Sprintf("%q %v", v, err)
+		})
+		t.Logf("GET %s through %s (removed replica): %q, %v", e.staleKey, pod, v, err)
+		if err == nil || errors.Is(err, redis.Nil) {
+			t.Errorf("%s, a removed replica, answered GET %s with %q (%v): the key is %q since its removal", pod, e.staleKey, v, err, "new")
+		}
+		leader := e.group(t, g).Status.Leader
+		if v, err := e.redisGet(t, leader, controllers.RESPPort, e.staleKey); err != nil || v != "new" {
+			t.Errorf("GET %s through the leader %s: %q, %v; want \"new\"", e.staleKey, leader, v, err)
+		}
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		var p corev1.Pod
@@ -456,4 +479,98 @@ func (e *env) evictionKeepsQuorum(t *testing.T) {
 	e.waitSettled(t, settle, sm, map[string]int{"demo-a": 3, "demo-b": 3, "demo-c": 3, "demo-d": 3})
 	e.checkMembersMatchPods(t, g)
 	e.workloadsProgress(t)
+}
+
+// memberAt is the id of group g's member on pod, failing if none.
+func (e *env) memberAt(t *testing.T, g, pod string) int64 {
+	t.Helper()
+	for _, m := range e.group(t, g).Status.Members {
+		if m.Pod == pod {
+			return m.ID
+		}
+	}
+	t.Fatalf("%s: no member on pod %s", g, pod)
+	return 0
+}
+
+// scaleOutOnRetainedVolume: group g, back at 3 after a scale-in that kept
+// its removed replicas' volumes (pvcRetention: Retain), scales out to 4
+// again. Pod g-3 starts on the volume of replica removed (removed from
+// the group: ids are never reused), which holds the data of the time it
+// was removed. The operator must not let that replica serve: it deletes
+// the claim and the pod (RecreateReplica, reason StaleReplica, docs/
+// operator.md), the pod comes back on an empty volume under a fresh id
+// and joins (AddLearner, Promote). The pod is never Ready on the old
+// volume. Then back to 3.
+func (e *env) scaleOutOnRetainedVolume(t *testing.T, g string, removed int64, groups map[string]int) {
+	pod, claim := g+"-3", "data-"+g+"-3"
+	var old, other corev1.PersistentVolumeClaim
+	if err := e.kube.Get(ctx(t), keyOf(e.ns, claim), &old); err != nil {
+		t.Fatalf("retained volume %s: %v", claim, err)
+	}
+	if err := e.kube.Get(ctx(t), keyOf(e.ns, "data-"+g+"-4"), &other); err != nil {
+		t.Fatalf("retained volume data-%s-4: %v", g, err)
+	}
+	t0 := time.Now()
+	out := map[string]int{}
+	for k, v := range groups {
+		out[k] = v
+	}
+	out[g] = 4
+	e.k(t, "scale", "replicagroup/"+g, "--replicas=4")
+	// Settled at 4, watching that the pod is never Ready on the old volume.
+	var readyOnOld []string
+	e.eventually(t, settle, g+" settled at 4 on "+pod, func() (bool, string) {
+		var p corev1.Pod
+		var c corev1.PersistentVolumeClaim
+		if e.kube.Get(ctx(t), keyOf(e.ns, pod), &p) == nil && e.kube.Get(ctx(t), keyOf(e.ns, claim), &c) == nil &&
+			c.UID == old.UID && podReady(p) {
+			readyOnOld = append(readyOnOld, fmt.Sprintf("%s (uid %s) Ready at %s", pod, p.UID, time.Now().Format(time.TimeOnly)))
+		}
+		ok, st := rgSettled(e.group(t, g), 4)
+		return ok, fmt.Sprintf("%s: %s; claim uid %s (retained %s)", g, st, c.UID, old.UID)
+	})
+	e.waitSettled(t, settle, sm, out)
+	t.Logf("%s: settled at 4 after %v", g, time.Since(t0).Round(time.Second))
+	if len(readyOnOld) > 0 {
+		t.Errorf("%s was Ready on the volume of removed replica %d: %v", pod, removed, readyOnOld)
+	}
+	var now corev1.PersistentVolumeClaim
+	if err := e.kube.Get(ctx(t), keyOf(e.ns, claim), &now); err != nil || now.UID == old.UID {
+		t.Errorf("%s: %v, uid %s: want a fresh claim, not the retained one (uid %s) of removed replica %d", claim, err, now.UID, old.UID, removed)
+	}
+	if id := e.memberAt(t, g, pod); id == removed {
+		t.Errorf("%s is member %d again: the removed replica's id", pod, id)
+	}
+	evs := e.events(t, "ReplicaGroup", g, t0)
+	for _, want := range []string{
+		fmt.Sprintf("RecreateReplica\tpod %s runs replica %d, which was removed from the group", pod, removed),
+		"AddLearner\t", "Promote\t",
+	} {
+		if !containsPrefix(evs, want) {
+			t.Errorf("%s: no Event %q among:\n%s", g, want, strings.Join(evs, "\n"))
+		}
+	}
+	e.checkMembersMatchPods(t, g)
+	e.workloadsProgress(t)
+
+	// A key written while the replica on g-3 is a voter, then changed once
+	// it is removed: ReadinessIsRaftHealth reads it through that replica.
+	// (A follower answers a read with MOVED to the leader, so what the
+	// replica has applied cannot be read through it here.)
+	key := e.keyOfGroup(t, sm, e.group(t, g).Status.GroupID, "e2e-stale:")
+	e.k(t, e.kvctl(sm, 3, "put", key, "old")...)
+	v, err := e.redisGet(t, pod, controllers.RESPPort, key)
+	t.Logf("GET %s through %s (a follower): %q, %v", key, pod, v, err)
+	e.k(t, "scale", "replicagroup/"+g, "--replicas=3")
+	e.waitSettled(t, settle, sm, groups)
+	e.checkMembersMatchPods(t, g)
+	e.k(t, e.kvctl(sm, 3, "put", key, "new")...)
+	e.staleKey = key
+	// The other retained volume was left alone throughout.
+	var still corev1.PersistentVolumeClaim
+	if err := e.kube.Get(ctx(t), keyOf(e.ns, other.Name), &still); err != nil || still.UID != other.UID {
+		t.Errorf("%s: %v, uid %s (was %s): a volume beyond the StatefulSet changed", other.Name, err, still.UID, other.UID)
+	}
+	t.Logf("%s: scale-out on a retained volume and back to 3 in %v", g, time.Since(t0).Round(time.Second))
 }
