@@ -158,6 +158,8 @@ func TestE2E(t *testing.T) {
 
 	run("EvictionKeepsQuorum", func(t *testing.T) { e.evictionKeepsQuorum(t) })
 
+	run("NodeDrain", func(t *testing.T) { e.nodeDrain(t) })
+
 	run("DeleteGroup", func(t *testing.T) {
 		st0 := e.workloadSnapshot(t)
 		stop := e.watchGroup(t, "demo-d")
