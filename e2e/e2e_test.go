@@ -216,6 +216,8 @@ func TestE2E(t *testing.T) {
 	// lifecycle paths that need a group left alone or the operator down.
 	run("DeleteLastGroupRefused", func(t *testing.T) { e.deleteLastGroup(t) })
 
+	run("RequirePass", func(t *testing.T) { e.requirePass(t) })
+
 	run("RecreateOnRetainedVolume", func(t *testing.T) { e.recreateOnRetainedVolume(t) })
 
 	run("DeleteDecidedByReports", func(t *testing.T) { e.deleteDecidedByReports(t) })

@@ -42,6 +42,9 @@ spec:
   controller:
     replicas: 1
     storage: {size: 64Mi}
+  network:
+    clients:
+    - podSelector: {}     # the probes of RequirePass
 `)
 	e.applyGroup(t, solo, "solo-a", 1, "", "64Mi")
 	e.waitSettled(t, settle, solo, map[string]int{"solo-a": 1})
@@ -56,7 +59,7 @@ spec:
 	}
 
 	// Another group joins: the deletion goes ahead.
-	e.applyGroup(t, solo, "solo-b", 1, "Delete", "64Mi")
+	e.applyYAML(t, soloBYAML()) // with requirePass (RequirePass)
 	e.eventually(t, settle, "solo-a drained and gone once solo-b joined", func() (bool, string) {
 		if rg := e.group(t, "solo-a"); rg != nil {
 			return false, fmt.Sprintf("solo-a phase=%s draining=%s", rg.Status.Phase, condStatus(rg.Status.Conditions, shardkvv1.ConditionDraining))
