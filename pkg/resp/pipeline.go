@@ -462,14 +462,12 @@ func (p *pipeline) release() {
 	p.items = nil
 }
 
-// late answers the items whose deadline is too near to start them with
-// errLate and returns the others. Items are in the order they were read,
-// so the late ones come first. Too near is lateMargin: a batch started
-// with less time left than recent batches took would likely outlast its
-// deadline, and a write cut off mid-way has an unknown outcome, where one
-// never started is plainly not executed.
+// late answers the items whose deadline is too near to start them (less
+// than a quarter of PipelineTimeout left) with errLate and returns the
+// others. Items are in the order they were read, so the late ones come
+// first.
 func (s *Server) late(items []*item) []*item {
-	cut := time.Now().Add(lateMargin(s.cfg.PipelineTimeout, time.Duration(s.recentWrite.Load())))
+	cut := time.Now().Add(s.cfg.PipelineTimeout / 4)
 	n := 0
 	for n < len(items) && items[n].deadline.Before(cut) {
 		s.stats.refused.Add(1)
@@ -477,20 +475,6 @@ func (s *Server) late(items []*item) []*item {
 		n++
 	}
 	return items[n:]
-}
-
-// lateMargin is the time a command must have left to be started: a
-// quarter of the pipeline timeout, or twice what write batches took of
-// late (a loaded machine), up to half the timeout.
-func lateMargin(timeout, recentWrite time.Duration) time.Duration {
-	return max(timeout/4, min(2*recentWrite, timeout/2))
-}
-
-// noteWrite records how long a write batch took in s.recentWrite: the
-// longest recent one, decaying by an eighth with every batch.
-func (s *Server) noteWrite(d time.Duration) {
-	old := time.Duration(s.recentWrite.Load())
-	s.recentWrite.Store(int64(max(d, old-old/8)))
 }
 
 // roundContext bounds a round: timeout, and the deadline of its first

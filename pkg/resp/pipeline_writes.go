@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -43,9 +42,7 @@ func (s *Server) runWrites(items []*item) {
 		ops = append(ops, it.ops...)
 	}
 	ctx, cancel := s.roundContext(s.cfg.WriteTimeout, items[0])
-	t0 := time.Now()
 	outs, err := s.b.WriteBatch(ctx, ops)
-	s.noteWrite(time.Since(t0))
 	cancel()
 	var ref *shardkvpb.Refusal
 	switch {

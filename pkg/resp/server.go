@@ -259,10 +259,6 @@ type Server struct {
 	userTab      atomic.Pointer[userTable]
 	authThrottle authThrottle
 
-	// recentWrite is how long write batches took of late (ns; noteWrite),
-	// which late keeps free before a command's deadline.
-	recentWrite atomic.Int64
-
 	// ctx is cancelled by Close, which cancels in-flight backend calls.
 	ctx    context.Context
 	cancel context.CancelFunc
