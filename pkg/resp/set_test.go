@@ -356,7 +356,12 @@ func (e *env) testSetLimits(t *testing.T) {
 	saddMany(t, c, key, 12500, func(i int) string { return "m" + strconv.Itoa(i) })
 	// SPOP takes at most what the write budget allows (about 10,000
 	// members of short keys).
-	n := len(c.do("spop", key, "20000").([]any))
+	reply := c.do("spop", key, "20000")
+	popped, ok := reply.([]any)
+	if !ok {
+		t.Fatalf("SPOP 20000 of 12,500 members: %#v", reply)
+	}
+	n := len(popped)
 	if n < 9000 || n >= 12500 {
 		t.Errorf("SPOP 20000 of 12,500 members: %d", n)
 	}
