@@ -22,7 +22,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -98,19 +97,11 @@ func ctrlerMembersSettled(o *smObserved) bool {
 		return true
 	}
 	for ord := range int(o.Size) {
-		addr := podGRPCAddr(CtrlerName(o.Name), ord, o.Namespace)
-		var at []*shardkvpb.Member
-		for _, m := range leader.GetMembers() {
-			if m.GetAddr() == addr {
-				at = append(at, m)
-			}
-		}
+		at := ctrlerMembersAt(o, leader, ord)
 		if len(at) != 1 || at[0].GetLearner() {
 			return false
 		}
-		m := at[0]
-		heard := m.HeardMsAgo != nil && time.Duration(m.GetHeardMsAgo())*time.Millisecond <= maxSilence
-		if m.GetId() != leader.GetLeader() && !heard {
+		if m := at[0]; m.GetId() != leader.GetLeader() && !ctrlerHeard(m) {
 			return false
 		}
 	}
@@ -148,7 +139,7 @@ func planCtrlerMembers(o *smObserved, pl *smPlan) (smStep, bool) {
 				old = m
 			}
 		}
-		pod := fmt.Sprintf("%s-%d", CtrlerName(o.Name), ord)
+		pod := podNameAt(o, ord)
 		switch {
 		case self == nil && old == nil:
 			// Not a replacement (the pod's address is not in the

@@ -109,10 +109,7 @@ func (o *smObserved) quorum() int32 {
 // leaderOrdinal is the ordinal of the controller leader's pod (-1: not
 // known).
 func (o *smObserved) leaderOrdinal() int {
-	if host, _, ok := strings.Cut(o.Cluster.GetController().GetAddr(), "."); ok {
-		return podOrdinal(CtrlerName(o.Name), host)
-	}
-	return -1
+	return ctrlerAddrOrdinal(o, o.Cluster.GetController().GetAddr())
 }
 
 // smStepKind is the one change a pass makes. The object kinds are also the

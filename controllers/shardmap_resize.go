@@ -67,13 +67,19 @@ func ctrlerMembersAt(o *smObserved, leader *shardkvpb.MemberStatus, ord int) []*
 	return out
 }
 
-// ctrlerMemberOrdinal is the pod ordinal of member m's address (-1: none).
-func ctrlerMemberOrdinal(o *smObserved, m *shardkvpb.Member) int {
-	host, _, ok := strings.Cut(m.GetAddr(), ".")
+// ctrlerAddrOrdinal is the ordinal of the controller pod at addr (its
+// DNS name; -1: none).
+func ctrlerAddrOrdinal(o *smObserved, addr string) int {
+	host, _, ok := strings.Cut(addr, ".")
 	if !ok {
 		return -1
 	}
 	return podOrdinal(CtrlerName(o.Name), host)
+}
+
+// ctrlerHeard: the leader heard from member m within maxSilence.
+func ctrlerHeard(m *shardkvpb.Member) bool {
+	return m.HeardMsAgo != nil && time.Duration(m.GetHeardMsAgo())*time.Millisecond <= maxSilence
 }
 
 // ctrlerHealthy: the member leads, or the leader heard from it lately and
@@ -82,8 +88,7 @@ func ctrlerHealthy(leader *shardkvpb.MemberStatus, m *shardkvpb.Member) bool {
 	if m.GetId() == leader.GetLeader() {
 		return true
 	}
-	heard := m.HeardMsAgo != nil && time.Duration(m.GetHeardMsAgo())*time.Millisecond <= maxSilence
-	return heard && m.GetMatch() > 0 && m.GetMatch()+maxCatchUpLag >= leader.GetCommit()
+	return ctrlerHeard(m) && m.GetMatch() > 0 && m.GetMatch()+maxCatchUpLag >= leader.GetCommit()
 }
 
 // ctrlerHealthyVoters counts the healthy voters other than except.
@@ -108,7 +113,7 @@ func ctrlerTransferTarget(o *smObserved, leader *shardkvpb.MemberStatus, limit i
 	}
 	var cs []cand
 	for _, m := range ctrlerVoters(leader) {
-		ord := ctrlerMemberOrdinal(o, m)
+		ord := ctrlerAddrOrdinal(o, m.GetAddr())
 		if m.GetId() == leader.GetLeader() || ord < 0 || ord >= limit || !ctrlerHealthy(leader, m) {
 			continue
 		}
