@@ -600,6 +600,25 @@ func logsText(dataDir string) string {
 }
 
 // groupAddrs returns the gRPC addresses of group gid's replicas.
+// logOnceIn reads the log at path until each of want is in it, or 15 s
+// pass: for lines a replica writes after the client has its answer.
+func logOnceIn(t *testing.T, path string, want ...string) string {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := true
+		for _, w := range want {
+			all = all && strings.Contains(string(b), w)
+		}
+		if all || time.Now().After(deadline) {
+			return string(b)
+		}
+	}
+}
+
 func (c *localCluster) groupAddrs(gid int) []string {
 	var out []string
 	for i := 1; ; i++ {
