@@ -136,25 +136,7 @@ func (r *ReplicaGroupReconciler) execute(ctx context.Context, rg *shardkvv1.Repl
 		return false, ctrl.Result{}, r.deletePod(ctx, rg, p)
 
 	case stepRecreateReplica:
-		// Checked against the API server, not the cache: a pod that is
-		// already going, or was replaced, is left alone (its replacement
-		// may already run on a fresh volume).
-		p := o.pod(st.Ordinal)
-		fresh := &corev1.Pod{}
-		if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: rg.Namespace, Name: p.Name}, fresh); err != nil {
-			return false, ctrl.Result{}, client.IgnoreNotFound(err)
-		}
-		if fresh.UID != p.UID || !fresh.DeletionTimestamp.IsZero() {
-			return false, ctrl.Result{}, errStale
-		}
-		// The claim first (it goes once its pod is gone), then the pod:
-		// the StatefulSet brings both back, the volume empty.
-		if uid, ok := o.PVCUIDs[st.Ordinal]; ok {
-			if err := r.deletePVC(ctx, rg, st.Ordinal, uid); err != nil {
-				return false, ctrl.Result{}, err
-			}
-		}
-		return false, ctrl.Result{}, r.deletePod(ctx, rg, p)
+		return false, ctrl.Result{}, recreateReplica(ctx, r.Client, r.APIReader, rg.Namespace, rg.Name, o.pod(st.Ordinal))
 
 	case stepDeletePVC:
 		// Only if, in the API server's view, the set no longer reaches

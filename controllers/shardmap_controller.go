@@ -139,7 +139,7 @@ type ShardMapReconciler struct {
 // +kubebuilder:rbac:groups="",resources=services,verbs=list;watch;create;update
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=list;watch;delete
-// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=list;watch;patch;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups=cert-manager.io,resources=certificates,verbs=get;create;update
@@ -290,7 +290,7 @@ func (r *ShardMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	if !controllerutil.ContainsFinalizer(sm, ShardMapFinalizer) {
 		controllerutil.AddFinalizer(sm, ShardMapFinalizer)
 		if err := r.Update(ctx, sm); err != nil {
-			if apierrors.IsConflict(err) {
+			if apierrors.IsConflict(err) || errors.Is(err, errStale) {
 				return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
 			}
 			return ctrl.Result{}, err
@@ -314,7 +314,7 @@ func (r *ShardMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	var out smOutcome
 	if pl.Step.Kind != smStepNone {
 		if out, err = r.execute(ctx, sm, o, api, pl.Step); err != nil {
-			if apierrors.IsConflict(err) {
+			if apierrors.IsConflict(err) || errors.Is(err, errStale) {
 				return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
 			}
 			return ctrl.Result{}, err

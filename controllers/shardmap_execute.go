@@ -136,6 +136,13 @@ func (r *ShardMapReconciler) execute(ctx context.Context, sm *shardkvv1.ShardMap
 
 	case smStepDeleteClaim:
 		return r.deleteRemovedClaim(ctx, sm, o, st)
+
+	case smStepCtrlerRecreate:
+		if err := recreateReplica(ctx, r.Client, r.apiReader(), sm.Namespace, CtrlerName(sm.Name), o.Pods[st.Ordinal]); err != nil {
+			return smOutcome{}, err
+		}
+		r.event(sm, corev1.EventTypeNormal, st.Reason, string(st.Kind), "%s", st.Object)
+		return smOutcome{Progress: smCondition{metav1.ConditionTrue, st.Reason, st.Object}}, nil
 	}
 	return smOutcome{}, fmt.Errorf("unknown step %s", st)
 }

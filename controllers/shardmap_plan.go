@@ -132,6 +132,7 @@ const (
 	smStepGrowVolume        smStepKind = "GrowVolume"       // Ordinal: its claim to spec.controller.storage.size
 	smStepScaleStatefulSet  smStepKind = "ScaleStatefulSet" // Replicas: the StatefulSet's new size
 	smStepDeleteClaim       smStepKind = "DeleteClaim"      // Ordinal: the claim of a pod a shrink removed
+	smStepCtrlerRecreate    smStepKind = "RecreateReplica"  // Ordinal: claim and pod of a pod that runs a removed replica
 )
 
 // smStep is one change.
@@ -164,7 +165,7 @@ func (s smStep) String() string {
 	switch s.Kind {
 	case smStepNone:
 		return "None"
-	case smStepDeletePod, smStepGrowVolume, smStepDeleteClaim:
+	case smStepDeletePod, smStepGrowVolume, smStepDeleteClaim, smStepCtrlerRecreate:
 		return fmt.Sprintf("%s(%d)", s.Kind, s.Ordinal)
 	case smStepScaleStatefulSet:
 		return fmt.Sprintf("%s(%d)", s.Kind, s.Replicas)

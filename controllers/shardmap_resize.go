@@ -246,6 +246,11 @@ func planResize(o *smObserved, pl *smPlan) (smStep, bool) {
 			return wait("waiting for pod %s to start and answer", podNameAt(o, ord))
 		case st.GetRole() == "joining":
 			return step(smStepCtrlerAddLearner, ord, st.GetId(), "resize: adding controller replica %d (%s) as a learner", st.GetId(), podNameAt(o, ord))
+		case st.GetRole() == "removed" && o.Pods[ord] != nil && o.Pods[ord].Exists && !o.Pods[ord].Deleting:
+			// A shrink removed it and a grow came back before its
+			// volume went: ids are never reused, so it needs an empty one.
+			return step(smStepCtrlerRecreate, ord, st.GetId(),
+				"pod %s runs replica %d, which was removed from the group: recreating it with an empty volume", podNameAt(o, ord), st.GetId())
 		default:
 			return wait("pod %s runs replica %d as %q, not a member: waiting for it to ask to join", podNameAt(o, ord), st.GetId(), st.GetRole())
 		}

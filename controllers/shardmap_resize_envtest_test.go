@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -79,7 +80,16 @@ func TestShardMapResizesControllerGroup(t *testing.T) {
 	// answering with id and role, its claim bound.
 	mkPod := func(ord int, ready bool, id uint64, role string) {
 		t.Helper()
+		// What the pod's replica answers, before the pod is seen.
+		dp.Member(addr(ord)).SetStatus(&shardkvpb.MemberStatus{Id: id, Role: role, Addr: addr(ord)})
 		sm := &shardkvv1.ShardMap{ObjectMeta: metav1.ObjectMeta{Name: "demo", Namespace: ns}}
+		// The claim first, as the StatefulSet controller makes them.
+		pvc := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pvcName(CtrlerName("demo"), ord), Labels: ctrlerSelectorLabels(sm)},
+			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("256Mi")}}},
+		}
+		mustCreate(t, pvc)
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("demo-ctrler-%d", ord), Labels: ctrlerLabels(sm)},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "node", Image: "x"}}},
@@ -93,13 +103,6 @@ func TestShardMapResizesControllerGroup(t *testing.T) {
 		if err := k8sClient.Status().Update(ctx, pod); err != nil {
 			t.Fatal(err)
 		}
-		dp.Member(addr(ord)).SetStatus(&shardkvpb.MemberStatus{Id: id, Role: role, Addr: addr(ord)})
-		pvc := &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: pvcName(CtrlerName("demo"), ord), Labels: ctrlerSelectorLabels(sm)},
-			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("256Mi")}}},
-		}
-		mustCreate(t, pvc)
 	}
 	for i := range 3 {
 		mkPod(i, true, uint64(i+1), "follower")
@@ -241,5 +244,65 @@ func TestShardMapResizesControllerGroup(t *testing.T) {
 		if err := get(ctx, ns, pvcName(CtrlerName("demo"), i), pvc); err != nil || !pvc.DeletionTimestamp.IsZero() {
 			t.Errorf("claim %d: %v", i, err)
 		}
+	}
+
+	// To 5 again, the new pods on disks of the removed replicas 103 and
+	// 104 (as if their claims had outlived the shrink): each is recreated
+	// with an empty volume, then added under its fresh id.
+	claimGone := func(ord int) {
+		t.Helper()
+		eventually(t, fmt.Sprintf("claim %d gone", ord), func() error {
+			pvc := &corev1.PersistentVolumeClaim{}
+			if err := get(ctx, ns, pvcName(CtrlerName("demo"), ord), pvc); err != nil {
+				return client.IgnoreNotFound(err)
+			}
+			if pvc.DeletionTimestamp.IsZero() {
+				return fmt.Errorf("claim %d not deleted", ord)
+			}
+			// Play the PVC protection controller: its pod is gone.
+			pvc.Finalizers = nil
+			if err := k8sClient.Update(ctx, pvc); err != nil {
+				return err
+			}
+			return fmt.Errorf("claim %d still there", ord)
+		})
+	}
+	claimGone(3)
+	claimGone(4)
+	before := len(dp.CallsTo("AddLearner", "Promote", "RemoveMember", "TransferLeader"))
+	setReplicas(5)
+	stsReplicas(5)
+	mkPod(3, false, 103, "removed")
+	mkPod(4, false, 104, "removed")
+	markCtrlerReady(t, ns, "demo", 3)
+	for _, ord := range []int{3, 4} {
+		eventually(t, fmt.Sprintf("pod %d recreated", ord), func() error {
+			err := get(ctx, ns, fmt.Sprintf("demo-ctrler-%d", ord), &corev1.Pod{})
+			if err == nil {
+				var sm shardkvv1.ShardMap
+				_ = get(ctx, ns, "demo", &sm)
+				c := meta.FindStatusCondition(sm.Status.Conditions, shardkvv1.ConditionProgressing)
+				return fmt.Errorf("pod %d still there; progressing %v", ord, c)
+			}
+			return client.IgnoreNotFound(err)
+		})
+		claimGone(ord)
+		mkPod(ord, false, uint64(200+ord), "joining")
+	}
+	waitSM(t, ns, "demo", "5 voters again", func(sm *shardkvv1.ShardMap) error {
+		if sm.Status.ControllerVoters != 5 {
+			return fmt.Errorf("%d voters", sm.Status.ControllerVoters)
+		}
+		return condIs(sm, shardkvv1.ConditionProgressing, metav1.ConditionFalse, ReasonUpToDate, "")
+	})
+	got = nil
+	for _, c := range dp.CallsTo("AddLearner", "Promote", "RemoveMember", "TransferLeader")[before:] {
+		got = append(got, fmt.Sprintf("%s(%v)", c.Method, c.Args[0]))
+	}
+	if want := []string{"AddLearner(203)", "Promote(203)", "AddLearner(204)", "Promote(204)"}; !slices.Equal(got, want) {
+		t.Fatalf("grow onto removed replicas' disks: calls %v, want %v", got, want)
+	}
+	if err := hasEvent(ns, "demo", ReasonResizingController, "pod demo-ctrler-3 runs replica 103, which was removed from the group: recreating it with an empty volume"); err != nil {
+		t.Error(err)
 	}
 }

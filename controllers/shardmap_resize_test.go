@@ -15,12 +15,15 @@ import (
 // group: the StatefulSet's size, its pods and claims, and the leader's
 // membership. New pods start empty and ask to join with id 100+ordinal;
 // learners catch up the pass after they are added; pods beyond the set
-// terminate the pass after it shrinks.
+// terminate the pass after it shrinks. A pod that comes back on a claim in
+// retained runs the removed replica its disk holds; recreated, it starts
+// empty with id 200+ordinal.
 type resizeSim struct {
-	t     *testing.T
-	o     *smObserved
-	steps []string
-	waits []string
+	t        *testing.T
+	o        *smObserved
+	steps    []string
+	waits    []string
+	retained map[int]uint64
 }
 
 func newResizeSim(t *testing.T, size, leader int) *resizeSim {
@@ -76,6 +79,9 @@ func (s *resizeSim) run() []string {
 			for i := int(o.Size); i < int(st.Replicas); i++ {
 				o.Pods[i] = &podView{Ordinal: i, Name: podNameAt(o, i), Exists: true, Revision: "r1"}
 				o.CtrlerPods[i] = &shardkvpb.MemberStatus{Id: uint64(100 + i), Role: "joining"}
+				if id, ok := s.retained[i]; ok {
+					o.CtrlerPods[i] = &shardkvpb.MemberStatus{Id: id, Role: "removed"}
+				}
 				o.ClaimUIDs[i] = types.UID(pvcName("demo-ctrler", i))
 			}
 			o.Size = st.Replicas
@@ -95,6 +101,10 @@ func (s *resizeSim) run() []string {
 			l.Id, l.Leader, l.Addr = st.Member, st.Member, podGRPCAddr("demo-ctrler", st.Ordinal, "ns")
 		case smStepDeleteClaim:
 			delete(o.ClaimUIDs, st.Ordinal)
+		case smStepCtrlerRecreate:
+			delete(s.retained, st.Ordinal)
+			o.CtrlerPods[st.Ordinal] = &shardkvpb.MemberStatus{Id: uint64(200 + st.Ordinal), Role: "joining"}
+			o.ClaimUIDs[st.Ordinal] = types.UID("new-" + pvcName("demo-ctrler", st.Ordinal))
 		default:
 			s.t.Fatalf("after %v: unexpected step %v", s.steps, st)
 		}
@@ -141,6 +151,32 @@ func TestPlanResizeGrow(t *testing.T) {
 	}
 }
 
+// TestPlanResizeRegrowOnRetainedClaims: a grow whose new pods come back
+// on the claims of replicas a shrink removed (a cache that did not yet
+// list the claims when the shrink ended, or a StatefulSet scaled by hand)
+// recreates each such replica with an empty volume, then adds it.
+func TestPlanResizeRegrowOnRetainedClaims(t *testing.T) {
+	s := newResizeSim(t, 5, 0)
+	l := s.o.Cluster.Controller
+	l.Members = l.Members[:3]
+	s.o.Size, s.o.Sts.Spec.Replicas = 3, ptr.To[int32](3)
+	s.retained = map[int]uint64{}
+	for ord := 3; ord < 5; ord++ {
+		s.retained[ord] = uint64(ord + 1)
+		delete(s.o.Pods, ord)
+		delete(s.o.CtrlerPods, ord)
+		delete(s.o.ClaimUIDs, ord)
+	}
+	got := s.run()
+	want := []string{"ScaleStatefulSet(5)", "RecreateReplica(3)", "AddLearner(203)", "Promote(203)", "RecreateReplica(4)", "AddLearner(204)", "Promote(204)"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("steps %v, want %v", got, want)
+	}
+	if len(s.retained) != 0 || len(ctrlerVoters(l)) != 5 {
+		t.Fatalf("retained %v, voters %v", s.retained, ctrlerVoters(l))
+	}
+}
+
 // TestPlanResizeWaits: a grow waits for every member to be caught up; a
 // shrink never removes a member when the rest would lack a healthy
 // majority, nor moves the leadership to a member that is not caught up.
@@ -172,9 +208,23 @@ func TestPlanResizeWaits(t *testing.T) {
 	s.o.Replicas = 5
 	s.o.Size = 5
 	s.o.Sts.Spec.Replicas = ptr.To[int32](5)
-	s.o.CtrlerPods[3] = &shardkvpb.MemberStatus{Id: 7, Role: "removed"}
+	s.o.CtrlerPods[3] = &shardkvpb.MemberStatus{Id: 7, Role: "follower"}
+	expectPlan(t, planShardMap(s.o), "None", ReasonResizingController,
+		`pod demo-ctrler-3 runs replica 7 as "follower", not a member: waiting for it to ask to join`, "")
+	// One that runs a removed replica is recreated only once its pod is
+	// observed, and not while it goes.
+	s.o.CtrlerPods[3].Role = "removed"
 	expectPlan(t, planShardMap(s.o), "None", ReasonResizingController,
 		`pod demo-ctrler-3 runs replica 7 as "removed", not a member: waiting for it to ask to join`, "")
+	s.o.Pods[3] = &podView{Ordinal: 3, Name: "demo-ctrler-3", Exists: true, Deleting: true}
+	expectPlan(t, planShardMap(s.o), "None", ReasonResizingController,
+		`pod demo-ctrler-3 runs replica 7 as "removed", not a member: waiting for it to ask to join`, "")
+	s.o.Pods[3].Deleting = false
+	pl := planShardMap(s.o)
+	expectPlan(t, pl, "RecreateReplica(3)", "", "", "")
+	if want := "pod demo-ctrler-3 runs replica 7, which was removed from the group: recreating it with an empty volume"; pl.Step.Object != want || pl.Step.Reason != ReasonResizingController {
+		t.Errorf("step %s %q, want %s %q", pl.Step.Reason, pl.Step.Object, ReasonResizingController, want)
+	}
 	delete(s.o.CtrlerPods, 3)
 	expectPlan(t, planShardMap(s.o), "None", ReasonResizingController, "waiting for pod demo-ctrler-3 to start and answer", "")
 
