@@ -102,11 +102,12 @@ func (a *applyCtx) mutateColl(s int, op *shardkvpb.WriteOp) (*shardkvpb.WriteRes
 		if !a.returns(n) {
 			return &shardkvpb.WriteResult{Error: shardkvpb.OpErrResultTooLarge}, nil
 		}
+		skip := len(elemPrefix(s, op.Key, meta.Version))
 		for _, ek := range picked {
 			if err := a.delShardRecord(s, ek); err != nil {
 				return nil, err
 			}
-			res.Values = append(res.Values, ek[len(elemPrefix(s, op.Key, meta.Version)):])
+			res.Values = append(res.Values, ek[skip:])
 		}
 		meta.Size -= int64(len(picked))
 		res.Num = int64(len(picked))

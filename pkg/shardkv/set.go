@@ -100,9 +100,14 @@ func (a *applyCtx) pickElems(s int, key []byte, m collMeta, n int) ([][]byte, *s
 		}
 		elems = append(elems, more...)
 	}
+	// The second scan can meet the first's members again; drop them,
+	// keeping scan order (a set, not a quadratic search: a pop takes up
+	// to maxCopyElems members).
 	out := make([][]byte, 0, len(elems))
+	seen := make(map[string]struct{}, len(elems))
 	for _, e := range elems {
-		if !slices.ContainsFunc(out, func(k []byte) bool { return bytes.Equal(k, e.k) }) {
+		if _, dup := seen[string(e.k)]; !dup {
+			seen[string(e.k)] = struct{}{}
 			out = append(out, e.k)
 		}
 	}
