@@ -445,9 +445,7 @@ func TestShardMapCertManager(t *testing.T) {
 		}
 		return nil
 	})
-	if err := hasEvent(ns, "cm", "Certificates", "updated cert-manager Certificate"); err != nil {
-		t.Error(err)
-	}
+	expectEvent(t, ns, "cm", "Certificates", "updated cert-manager Certificate")
 }
 
 func mustGetSM(t *testing.T, ns, name string) *shardkvv1.ShardMap {

@@ -40,9 +40,7 @@ func TestReplicaGroupJoinScaleOutScaleIn(t *testing.T) {
 	if cg == nil || len(cg.Servers) != 3 || cg.Servers[0].Addr != g.addr(0) || cg.Servers[0].RespAddr != fmt.Sprintf("%s:%d", PodDNS("g", 0, ns), RESPPort) {
 		t.Fatalf("group in config %v", cg)
 	}
-	if err := hasEvent(ns, "g", "Join", "joining group"); err != nil {
-		t.Fatal(err)
-	}
+	expectEvent(t, ns, "g", "Join", "joining group")
 
 	// Scale-out 3 -> 5: one member at a time.
 	dp.ResetCalls()

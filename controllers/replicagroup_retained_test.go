@@ -65,7 +65,5 @@ func TestReplicaGroupRetainedVolumes(t *testing.T) {
 	if dels := callsOf(dp, "DeletePVC"); !slices.Equal(dels, []string{"DeletePVC[" + pvcName("g", 0) + "]"}) {
 		t.Fatalf("claim deletions %q, want the retained one", dels)
 	}
-	if err := hasEvent(ns, "g", string(stepDeletePVC), "deleting retained volume data-g-0"); err != nil {
-		t.Fatal(err)
-	}
+	expectEvent(t, ns, "g", string(stepDeletePVC), "deleting retained volume data-g-0")
 }

@@ -62,7 +62,5 @@ func TestReplicaGroupRollingUpdate(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("rolling update\n got %q\nwant %q", got, want)
 	}
-	if err := hasEvent(ns, "g", "RestartPod", "restarting follower g-2"); err != nil {
-		t.Fatal(err)
-	}
+	expectEvent(t, ns, "g", "RestartPod", "restarting follower g-2")
 }

@@ -61,9 +61,7 @@ func TestReplicaGroupGrowsVolumes(t *testing.T) {
 	updateRG(t, ns, "g", func(rg *shardkvv1.ReplicaGroup) { rg.Spec.Storage.Size = resource.MustParse("2Gi") })
 	eventually(t, "resize refused", storageIs(reasonStorageResizeRefused,
 		"growing volume data-g-0 from 1Gi to 2Gi was refused by the API server"))
-	if err := hasEvent(ns, "g", reasonStorageResizeRefused, "allowVolumeExpansion"); err != nil {
-		t.Fatal(err)
-	}
+	expectEvent(t, ns, "g", reasonStorageResizeRefused, "allowVolumeExpansion")
 	if err := claimIs("1Gi"); err != nil {
 		t.Fatal(err)
 	}
@@ -83,9 +81,7 @@ func TestReplicaGroupGrowsVolumes(t *testing.T) {
 	updateRG(t, ns, "g", func(rg *shardkvv1.ReplicaGroup) { rg.Spec.Storage.Size = resource.MustParse("3Gi") })
 	eventually(t, "claim grown", func() error { return claimIs("3Gi") })
 	eventually(t, "waiting for the driver", storageIs(reasonStorageResizing, "waiting for the volume driver to grow data-g-0 from 1Gi to 3Gi"))
-	if err := hasEvent(ns, "g", reasonGrowVolume, "growing volume data-g-0 from 1Gi to 3Gi"); err != nil {
-		t.Fatal(err)
-	}
+	expectEvent(t, ns, "g", reasonGrowVolume, "growing volume data-g-0 from 1Gi to 3Gi")
 
 	// The driver grew it.
 	claim := &corev1.PersistentVolumeClaim{}

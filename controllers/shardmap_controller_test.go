@@ -208,9 +208,7 @@ func TestShardMapCreatesObjects(t *testing.T) {
 		return condIs(sm, shardkvv1.ConditionDegraded, metav1.ConditionTrue, reasonStorageResizeRefused,
 			"growing volume "+pvcName(name, 0)+" from 256Mi to 512Mi was refused by the API server")
 	})
-	if err := hasEvent(ns, "demo", reasonStorageResizeRefused, "allowVolumeExpansion"); err != nil {
-		t.Fatal(err)
-	}
+	expectEvent(t, ns, "demo", reasonStorageResizeRefused, "allowVolumeExpansion")
 }
 
 func TestShardMapPaused(t *testing.T) {

@@ -168,9 +168,7 @@ func TestShardMapResizesControllerGroup(t *testing.T) {
 	if want := []string{"AddLearner(103)", "Promote(103)", "AddLearner(104)", "Promote(104)"}; !slices.Equal(got, want) {
 		t.Fatalf("grow: calls %v, want %v", got, want)
 	}
-	if err := hasEvent(ns, "demo", ReasonResizingController, "growing the controller StatefulSet from 3 to 5 pods"); err != nil {
-		t.Error(err)
-	}
+	expectEvent(t, ns, "demo", ReasonResizingController, "growing the controller StatefulSet from 3 to 5 pods")
 	// The template (--peers) is the bootstrap's; so are the data pods'
 	// --ctrler addresses.
 	if err := get(ctx, ns, CtrlerName("demo"), sts); err != nil {
@@ -302,7 +300,5 @@ func TestShardMapResizesControllerGroup(t *testing.T) {
 	if want := []string{"AddLearner(203)", "Promote(203)", "AddLearner(204)", "Promote(204)"}; !slices.Equal(got, want) {
 		t.Fatalf("grow onto removed replicas' disks: calls %v, want %v", got, want)
 	}
-	if err := hasEvent(ns, "demo", ReasonResizingController, "pod demo-ctrler-3 runs replica 103, which was removed from the group: recreating it with an empty volume"); err != nil {
-		t.Error(err)
-	}
+	expectEvent(t, ns, "demo", ReasonResizingController, "pod demo-ctrler-3 runs replica 103, which was removed from the group: recreating it with an empty volume")
 }

@@ -173,9 +173,7 @@ func TestShardMapTLSManaged(t *testing.T) {
 		snap = s
 		return nil
 	})
-	if err := hasEvent(ns, "sec", "Certificates", "two thirds of its lifetime passed"); err != nil {
-		t.Error(err)
-	}
+	expectEvent(t, ns, "sec", "Certificates", "two thirds of its lifetime passed")
 
 	// CA rotation, asked for by annotation. The clock moves 5s per
 	// check; every snapshot must be compatible.
@@ -235,9 +233,7 @@ func TestShardMapTLSManaged(t *testing.T) {
 	if !slices.Equal(phases, []string{caStaged, caPromoted, ""}) || markedAt.IsZero() || promotedAt.IsZero() {
 		t.Errorf("phases %v (marked %s, promoted %s), want Staged then Promoted then done", phases, markedAt, promotedAt)
 	}
-	if err := hasEvent(ns, "sec", "Certificates", "the old CA is dropped"); err != nil {
-		t.Error(err)
-	}
+	expectEvent(t, ns, "sec", "Certificates", "the old CA is dropped")
 }
 
 // TestShardMapTLSModeImmutable: the API server refuses switching a running
@@ -350,9 +346,7 @@ func TestShardMapTLSSecretConflict(t *testing.T) {
 	waitSM(t, ns, "sec", "the conflict in Progressing", func(sm *shardkvv1.ShardMap) error {
 		return condIs(sm, shardkvv1.ConditionProgressing, metav1.ConditionTrue, ReasonWaitingForTLS, "already exists and is not managed by this cluster")
 	})
-	if err := hasEvent(ns, "sec", "SecretConflict", ClientTLSSecretName("sec")); err != nil {
-		t.Error(err)
-	}
+	expectEvent(t, ns, "sec", "SecretConflict", ClientTLSSecretName("sec"))
 	s := &corev1.Secret{}
 	if err := get(context.Background(), ns, theirs.Name, s); err != nil || string(s.Data["x"]) != "theirs" || len(s.OwnerReferences) != 0 {
 		t.Fatalf("their Secret was changed: %v %+v", err, s)

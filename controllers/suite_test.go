@@ -297,6 +297,16 @@ func eventsFor(ns, name string) ([]eventsv1.Event, error) {
 	return out, nil
 }
 
+// expectEvent waits until an Event with reason (and a note containing
+// noteSub) regards the object named name in ns: the recorder writes
+// Events from a goroutine of its own, so one can land after the state
+// change it goes with is seen (CI once found a deleted ShardMap's
+// "Deleted" Event not yet written).
+func expectEvent(t *testing.T, ns, name, reason, noteSub string) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("Event %s %q for %s", reason, noteSub, name), func() error { return hasEvent(ns, name, reason, noteSub) })
+}
+
 // hasEvent returns nil if an Event with reason (and a note containing
 // noteSub) regards the object named name in ns.
 func hasEvent(ns, name, reason, noteSub string) error {
