@@ -270,9 +270,15 @@ func (r *ReplicaGroupReconciler) Reconcile(ctx context.Context, req ctrl.Request
 			return ctrl.Result{RequeueAfter: r.requeueShort()}, nil
 		}
 		execErr = err
-		if err == nil {
+		switch {
+		case st.Kind == stepGrowVolume && o.ResizeRefused != "":
+			// The API server refused the grow (finishStatus tells it,
+			// from StorageApplied): nothing is in flight, so this pass's
+			// status is what the next pass plans, not "growing".
+			st = nextStep(o)
+		case err == nil:
 			r.Recorder.Eventf(rg, nil, corev1.EventTypeNormal, string(st.Kind), string(st.Kind), "%s", st.Message)
-		} else {
+		default:
 			logger.Info("step failed", "step", st.String(), "err", err)
 			r.Recorder.Eventf(rg, nil, corev1.EventTypeWarning, "StepFailed", string(st.Kind), "%s: %v", st.Message, err)
 		}

@@ -72,6 +72,9 @@ func TestReplicaGroupGrowsVolumes(t *testing.T) {
 	if c := condition(rg, shardkvv1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
 		t.Fatalf("a refused resize made the group not ready: %+v", c)
 	}
+	if err := hasEvent(ns, "g", reasonGrowVolume, "from 1Gi to 2Gi"); err == nil {
+		t.Errorf("a refused grow was announced as growing")
+	}
 
 	// The class allows expansion now; the next spec change grows the claim.
 	sc.AllowVolumeExpansion = ptr.To(true)
