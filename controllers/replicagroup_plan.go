@@ -161,6 +161,9 @@ type podView struct {
 	Status *shardkvpb.MemberStatus
 }
 
+// present: the pod exists and is not being deleted.
+func (p *podView) present() bool { return p != nil && p.Exists && !p.Deleting }
+
 // memberView is one Raft member as the leader reports it.
 type memberView struct {
 	ID uint64
@@ -303,7 +306,7 @@ func (o *observed) healthy(m memberView) bool {
 		return false
 	}
 	p := o.pod(m.Ordinal)
-	if !p.Exists || p.Deleting || p.Status == nil || p.Status.Id != m.ID {
+	if !p.present() || p.Status == nil || p.Status.Id != m.ID {
 		return false
 	}
 	switch p.Status.Role {
@@ -584,7 +587,7 @@ func nextStep(o *observed) step {
 	// never serve again (ids are never reused); give it a fresh one.
 	for i := range limit {
 		p := o.pod(i)
-		if !p.Exists || p.Deleting || p.Status == nil || len(o.membersAt(i)) > 0 {
+		if !p.present() || p.Status == nil || len(o.membersAt(i)) > 0 {
 			continue
 		}
 		if stale(o, p) {
@@ -607,7 +610,7 @@ func nextStep(o *observed) step {
 		}
 		p := o.pod(i)
 		switch {
-		case !p.Exists || p.Deleting:
+		case !p.present():
 			return wait(reasonWaitingForPod, "waiting for pod %s to be created", o.podName(i))
 		case p.Status == nil || p.Status.Id == 0:
 			return wait(reasonWaitingForPod, "waiting for pod %s to answer its admin API", p.Name)
@@ -653,7 +656,7 @@ func nextStep(o *observed) step {
 				p := o.pod(i)
 				ms := o.membersAt(i)
 				switch {
-				case !p.Exists || p.Deleting:
+				case !p.present():
 					return wait(reasonWaitingForRollout, "rolling update: waiting for pod %s to come back", o.podName(i))
 				case !p.Ready:
 					return wait(reasonWaitingForRollout, "rolling update: waiting for pod %s to be ready", p.Name)
@@ -690,7 +693,7 @@ func nextStep(o *observed) step {
 		for i := range S {
 			p := o.pod(i)
 			ms := o.membersAt(i)
-			if !p.Exists || p.Deleting || !p.Ready || len(ms) != 1 || !o.healthy(ms[0]) {
+			if !p.present() || !p.Ready || len(ms) != 1 || !o.healthy(ms[0]) {
 				return wait(reasonWaitingForRollout, "rolling update: waiting for pod %s to be back, ready and caught up", o.podName(i))
 			}
 		}

@@ -126,7 +126,7 @@ func (r *ReplicaGroupReconciler) computeStatus(rg *shardkvv1.ReplicaGroup, o *ob
 	}
 	ready := int32(0)
 	for i := range int(max(o.StsReplicas, 0)) {
-		if p := o.pod(i); p.Exists && !p.Deleting && p.Ready {
+		if p := o.pod(i); p.present() && p.Ready {
 			ready++
 		}
 	}

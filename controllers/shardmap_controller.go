@@ -290,7 +290,7 @@ func (r *ShardMapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	if !controllerutil.ContainsFinalizer(sm, ShardMapFinalizer) {
 		controllerutil.AddFinalizer(sm, ShardMapFinalizer)
 		if err := r.Update(ctx, sm); err != nil {
-			if apierrors.IsConflict(err) || errors.Is(err, errStale) {
+			if apierrors.IsConflict(err) {
 				return ctrl.Result{RequeueAfter: 200 * time.Millisecond}, nil
 			}
 			return ctrl.Result{}, err

@@ -118,7 +118,7 @@ func ctrlerTransferTarget(o *smObserved, leader *shardkvpb.MemberStatus, limit i
 			continue
 		}
 		p := o.Pods[ord]
-		if p == nil || !p.Exists || p.Deleting {
+		if !p.present() {
 			continue
 		}
 		cs = append(cs, cand{m, ord, revision != "" && p.Revision == revision})
@@ -246,7 +246,7 @@ func planResize(o *smObserved, pl *smPlan) (smStep, bool) {
 			return wait("waiting for pod %s to start and answer", podNameAt(o, ord))
 		case st.GetRole() == "joining":
 			return step(smStepCtrlerAddLearner, ord, st.GetId(), "resize: adding controller replica %d (%s) as a learner", st.GetId(), podNameAt(o, ord))
-		case st.GetRole() == "removed" && o.Pods[ord] != nil && o.Pods[ord].Exists && !o.Pods[ord].Deleting:
+		case st.GetRole() == "removed" && o.Pods[ord].present():
 			// A shrink removed it and a grow came back before its
 			// volume went: ids are never reused, so it needs an empty one.
 			return step(smStepCtrlerRecreate, ord, st.GetId(),

@@ -599,10 +599,9 @@ func logsText(dataDir string) string {
 	return sb.String()
 }
 
-// groupAddrs returns the gRPC addresses of group gid's replicas.
-// logOnceIn reads the log at path until each of want is in it, or 15 s
+// waitForLog reads the log at path until each of want is in it, or 15 s
 // pass: for lines a replica writes after the client has its answer.
-func logOnceIn(t *testing.T, path string, want ...string) string {
+func waitForLog(t *testing.T, path string, want ...string) string {
 	t.Helper()
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		b, err := os.ReadFile(path)
@@ -619,6 +618,7 @@ func logOnceIn(t *testing.T, path string, want ...string) string {
 	}
 }
 
+// groupAddrs returns the gRPC addresses of group gid's replicas.
 func (c *localCluster) groupAddrs(gid int) []string {
 	var out []string
 	for i := 1; ; i++ {

@@ -100,7 +100,7 @@ func TestRedisTLS(t *testing.T) {
 	}
 	// Logged after the server's handshake fails, perhaps after the client
 	// read the alert.
-	logs := logOnceIn(t, filepath.Join(c.dataDir, "logs", "group-1-1.log"), "Redis TLS handshake refused")
+	logs := waitForLog(t, filepath.Join(c.dataDir, "logs", "group-1-1.log"), "Redis TLS handshake refused")
 	if n := strings.Count(logs, "Redis TLS handshake refused"); n != 1 {
 		t.Errorf("plain-text clients on the TLS port logged %d times, want once", n)
 	}
