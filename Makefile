@@ -47,8 +47,10 @@ test:
 	KUBEBUILDER_ASSETS="$$assets" SHARDKV_CERT_MANAGER_DIR="$$certmanager" SHARDKV_REQUIRE_ENVTEST=1 $(GO) test -race -count=1 -timeout 30m ./...
 	@# Tests built only without the race detector (//go:build !race: 8 MiB
 	@# values, and power cuts of badger in child processes, take minutes
-	@# under it).
+	@# under it), and a pipeline's liveness under the shipped timeouts
+	@# (checked only without it: see raceEnabled in pkg/resp).
 	$(GO) test -count=1 -timeout 10m -run 'LargeValue' ./pkg/shardkv/
+	$(GO) test -count=1 -timeout 5m -run 'TestPipelineExactlyOnce' ./pkg/resp/
 	$(GO) test -count=1 -timeout 15m -run 'PowerCut|VlogSync' ./pkg/raftgroup/
 	@# Power cuts of whole clusters (node processes on lazyfs mounts): one
 	@# seeded run of each scenario, about a minute; SHARDKV_POWERCUT_RUNS

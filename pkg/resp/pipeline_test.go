@@ -135,8 +135,17 @@ func TestPipelineExactlyOnce(t *testing.T) {
 		t.Errorf("%d commands saw an I/O timeout", timeouts)
 	}
 	// Liveness: the pipeline is answered, not refused. (Before replies
-	// streamed and reads joined write batches, none of it was.)
-	if ok < n/2 {
+	// streamed and reads joined write batches, none of it was.) How much
+	// of it runs before go-redis's 3s is up depends on the machine's
+	// speed: under the race detector with other packages' tests running
+	// (CI), 3,000 triples took 2-4s and as few as 273 appends ran before
+	// the deadline (the rest refused, not executed), where without it they
+	// take 0.05-0.25s. So the race build checks progress, and the build
+	// without it (make test runs it too) that half the pipeline succeeds.
+	if ok == 0 {
+		t.Errorf("none of %d appends succeeded", n)
+	}
+	if !raceEnabled && ok < n/2 {
 		t.Errorf("only %d of %d appends succeeded", ok, n)
 	}
 }

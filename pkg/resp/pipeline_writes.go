@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/shardkv/shardkv/pkg/shardkv"
 	"github.com/shardkv/shardkv/pkg/shardkvpb"
@@ -32,9 +33,15 @@ func (p *pipeline) flushWrites() {
 // item's reply. Items too near their deadline are refused instead
 // (nothing is proposed for them), and the wait for the batch ends at the
 // deadline of its first item: a write is never proposed after its
-// deadline, nor answered after it.
+// deadline, nor answered after it. Items that would not fit in the time
+// left at the recent cost per op go in a batch after it (batchfit.go).
 func (s *Server) runWrites(items []*item) {
 	if items = s.late(items); len(items) == 0 {
+		return
+	}
+	if k := s.writeCost.fit(items, time.Until(items[0].deadline)); k < len(items) {
+		s.runWrites(items[:k])
+		s.runWrites(items[k:])
 		return
 	}
 	var ops []*shardkvpb.WriteOp
@@ -42,8 +49,13 @@ func (s *Server) runWrites(items []*item) {
 		ops = append(ops, it.ops...)
 	}
 	ctx, cancel := s.roundContext(s.cfg.WriteTimeout, items[0])
+	t0 := time.Now()
 	outs, err := s.b.WriteBatch(ctx, ops)
 	cancel()
+	if err == nil || errors.Is(err, shardkvpb.ErrOutcomeUnknown) {
+		// An unknown outcome (a timeout) took at least this long.
+		s.writeCost.note(len(ops), time.Since(t0))
+	}
 	var ref *shardkvpb.Refusal
 	switch {
 	case err == nil && len(outs) != len(ops):

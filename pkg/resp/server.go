@@ -258,6 +258,8 @@ type Server struct {
 	usersMu      sync.Mutex // serialises rebuilding userTab
 	userTab      atomic.Pointer[userTable]
 	authThrottle authThrottle
+	// writeCost: what write batches cost per op of late (batchfit.go).
+	writeCost writeCost
 
 	// ctx is cancelled by Close, which cancels in-flight backend calls.
 	ctx    context.Context
