@@ -4,6 +4,7 @@
 # from the Go module proxy by hack/build-k8s.sh, all run as host processes.
 #
 #   hack/local-cluster.sh up             start (or resume) the cluster
+#   hack/local-cluster.sh build          only build (or find) its binaries
 #   hack/local-cluster.sh status         show what runs; non-zero if unhealthy
 #   hack/local-cluster.sh down [--wipe]  stop it; --wipe also removes all state
 #
@@ -973,6 +974,7 @@ cmd=$1
 shift
 case $cmd in
   up) [ $# -eq 0 ] || usage; cmd_up ;;
+  build) [ $# -eq 0 ] || usage; build_binaries; log "binaries in $BIN" ;;
   down) cmd_down "$@" ;;
   status) [ $# -eq 0 ] || usage; cmd_status ;;
   -h | --help | help) usage ;;
