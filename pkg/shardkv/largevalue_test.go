@@ -175,7 +175,12 @@ func TestLargeValueSnapshotAndMove(t *testing.T) {
 // that no replica's Ready loop went long without a tick (a leader sends
 // heartbeats only from ticks) and that no election happened meanwhile.
 func TestLargeValuesKeepHeartbeats(t *testing.T) {
-	w := kvtest.New(t, kvtest.Options{Shards: 8})
+	// The shipped Raft clock (TickInterval 0 is raftgroup's default, 100ms:
+	// elections after 1-2s), not the test worlds' 20ms ticks, with which an
+	// election came after 200-400ms: under one Ready writing three 8 MiB
+	// entries on a loaded machine (500-600ms measured in CI) the test failed
+	// on a timeout no deployment uses.
+	w := kvtest.New(t, kvtest.Options{Shards: 8, RaftConfig: func(c *raftgroup.Config) { c.TickInterval = 0 }})
 	g := w.StartGroup(100)
 	w.Join(100)
 	w.WaitSettled(20 * time.Second)
