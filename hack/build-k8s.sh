@@ -611,15 +611,16 @@ build_one() {
 # still compile: one after another, the two cores sat half idle through
 # every link and every build's last packages.
 build_set() {
-  local set=$1 c MODSET PKG pkgs=() tmp t0
+  local set=$1 c MODSET PKG pkgs=() tmp t0 want
   shift
+  [ $# -gt 1 ] || { build_one "$1"; return 0; }
+  want=$(ldflags "$1")
   for c in "$@"; do
-    [ "$(ldflags "$c")" = "$(ldflags "$1")" ] || {
+    [ "$(ldflags "$c")" = "$want" ] || {
       for c in "$@"; do build_one "$c"; done
       return 0
     }
   done
-  [ $# -gt 1 ] || { build_one "$1"; return 0; }
   # shellcheck disable=SC2046 # one package per line, no spaces
   prepare_modset "$set" $(modset_packages "$set")
   for c in "$@"; do
